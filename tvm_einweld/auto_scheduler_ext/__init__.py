@@ -1,0 +1,1 @@
+"""auto_scheduler_ext"""
