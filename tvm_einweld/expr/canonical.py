@@ -72,8 +72,7 @@ def conv2d(
     F, Cg, R, S = (weight.shape[p] for p in (ko, ki, kh, kw))
     if C != Cg * groups or F % groups:
         raise ValueError(f"conv2d: channels {C} / weight {weight.shape} / groups {groups} mismatch")
-    sh, sw = strides
-    dlh, dlw = dilation
+    (sh, sw), (dlh, dlw) = _pair(strides), _pair(dilation)
     OH = (H + pt + pb - dlh * (R - 1) - 1) // sh + 1
     OW = (W + pl + pr - dlw * (S - 1) - 1) // sw + 1
     n, f, y, x = (Iterator(nm, 0, ext) for nm, ext in zip("nfyx", (N, F, OH, OW)))
@@ -103,15 +102,14 @@ def conv2d_transpose(
     i = (y+p) // s - k enumerates exactly those pairs with one summation iterator k per
     spatial dimension, so the expression needs no divisibility condition.
     """
-    if tuple(dilation) != (1, 1) or groups != 1:
+    if _pair(dilation) != (1, 1) or groups != 1:
         raise UnsupportedOperator("conv2d_transpose with dilation or groups is not supported")
     pt, pl, pb, pr = _four(padding)
     N, C, H, W = data.shape
     Cw, F, R, S = weight.shape
     if Cw != C:
         raise ValueError(f"conv2d_transpose: weight {weight.shape} does not match data {data.shape}")
-    sh, sw = strides
-    oph, opw = output_padding
+    (sh, sw), (oph, opw) = _pair(strides), _pair(output_padding)
     OH = (H - 1) * sh - pt - pb + R + oph
     OW = (W - 1) * sw - pl - pr + S + opw
     n, f, y, x = (Iterator(nm, 0, ext) for nm, ext in zip("nfyx", (N, F, OH, OW)))
@@ -125,8 +123,16 @@ def conv2d_transpose(
     return Expr((n, f, y, x), (c, k1, k2), body, data.dtype)
 
 
-def _four(padding: Sequence[int]) -> Tuple[int, int, int, int]:
-    p = tuple(int(v) for v in padding)
+def _pair(value) -> Tuple[int, int]:
+    """An int or a 1/2-sequence as (height, width)."""
+    v = (int(value),) if isinstance(value, int) else tuple(int(x) for x in value)
+    if len(v) not in (1, 2):
+        raise ValueError(f"expected one or two values, got {value}")
+    return (v[0], v[-1])
+
+
+def _four(padding) -> Tuple[int, int, int, int]:
+    p = (int(padding),) if isinstance(padding, int) else tuple(int(v) for v in padding)
     if len(p) == 1:
         return p * 4
     if len(p) == 2:
