@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 # name -> (module, one-line help). The help lives here so `--help` needs no imports.
 SUBCOMMANDS = {
     "demo": ("tvm_einweld.commands.demo", "run the main job on a built-in model"),
+    "verify": ("tvm_einweld.commands.verify", "self-check the verifier: canonical ops and planted faults"),
 }
 
 
