@@ -119,3 +119,18 @@ def test_malformed_expressions_are_rejected_at_construction():
         Iterator("i", 3, 3)
     with pytest.raises(ValueError, match="indices"):
         Tensor("A", (3, 3))[i.var]
+
+
+def test_simplified_index_functions_equal_the_originals_on_their_domain():
+    from tvm_einweld.expr.simplify import simplify_index
+
+    i0, i1, r = ix.IVar("i0"), ix.IVar("i1"), ix.IVar("r")
+    ranges = {"i0": (0, 1), "i1": (0, 1568), "r": (-2, 3)}
+    cases = [(i0 * 1568 + i1) // 196 % 8, (i1 * 3 + r) // 3, (i1 + r + 7) % 5 - r, i1 * 2 - i1]
+    grid = np.meshgrid(*[np.arange(*ranges[n]) for n in ("i0", "i1", "r")], indexing="ij")
+    env = dict(zip(("i0", "i1", "r"), grid))
+    for e in cases:
+        s = simplify_index(e, ranges)
+        np.testing.assert_array_equal(np.broadcast_to(ix.evaluate(s, env), grid[0].shape),
+                                      np.broadcast_to(ix.evaluate(e, env), grid[0].shape))
+    assert str(simplify_index(cases[0], ranges)) == "i1 // 196"

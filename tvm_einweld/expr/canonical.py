@@ -212,7 +212,9 @@ def reshape(a: Tensor, shape: Sequence[int]) -> Expr:
         stride //= n
         e = flat // stride
         idx.append(e if d == 0 else e % n)
-    return Expr(its, (), Access(a, tuple(idx)), a.dtype)
+    from .simplify import simplify_expr  # imports TVM; only reshape needs it
+
+    return simplify_expr(Expr(its, (), Access(a, tuple(idx)), a.dtype))
 
 
 # --- element-wise ------------------------------------------------------------------------

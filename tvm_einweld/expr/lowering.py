@@ -19,12 +19,13 @@ from .expression import Access, BinaryOp, Constant, Expr, Scalar, Scope, UnaryOp
 from .index import IndexExpr
 
 
-def lower_index(e: IndexExpr, env: Mapping[str, tirx.PrimExpr]) -> tirx.PrimExpr:
+def lower_index(e: IndexExpr, env: Mapping[str, tirx.PrimExpr], dtype: str = "int32") -> tirx.PrimExpr:
+    """The TIR form of an index function, iterators taken from `env`."""
     if isinstance(e, ix.IVar):
         return env[e.name]
     if isinstance(e, ix.IConst):
-        return tirx.const(e.value, "int32")
-    lhs, rhs = lower_index(e.lhs, env), lower_index(e.rhs, env)
+        return tirx.const(e.value, dtype)
+    lhs, rhs = lower_index(e.lhs, env, dtype), lower_index(e.rhs, env, dtype)
     if e.op == "+":
         return lhs + rhs
     if e.op == "-":
