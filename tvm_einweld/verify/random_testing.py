@@ -1,0 +1,271 @@
+"""Random-input testing of rewrites, as TASO does (§4.2).
+
+Two expressions (or two Relax functions) are evaluated on the same random inputs, uniform in
+[-1, 1], and compared with a tolerance chosen from the dtype. Functions that can mask a
+difference (relu is 0 on half of the inputs, tanh and sigmoid flatten out) are replaced by
+polynomials on both sides, x·(x+1)+1 for relu as in TASO and a different one per function
+(`stand_ins.py`): a rewrite that is correct for every function stays correct for those, and
+a polynomial shows every difference.
+
+Comparison is normwise: a trial passes when max|a-b| ≤ atol + rtol·max|b|. Element-wise
+relative error is meaningless for outputs near zero, which sums with cancellation produce.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..expr.expression import Expr
+from ..expr.interpreter import EvaluationError, evaluate
+from .inputs import draw, random_array, shape_mismatch, shared_tensors
+from .stand_ins import STAND_IN_OFFSETS, Arithmetizer
+
+# dtype -> (rtol, atol). Real-mode interpretation runs in float64 whatever the dtype; the
+# tolerance is that of the dtype the model computes in, which is what a rewrite must respect.
+TOLERANCES: Dict[str, Tuple[float, float]] = {
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (3e-2, 1e-2),
+    "float32": (1e-4, 1e-5),
+    "float64": (1e-9, 1e-12),
+}
+
+
+def tolerance_for(dtype: str) -> Tuple[float, float]:
+    """(rtol, atol) for a dtype; integer dtypes compare exactly."""
+    if dtype in TOLERANCES:
+        return TOLERANCES[dtype]
+    if dtype.startswith(("int", "uint", "bool")):
+        return 0.0, 0.0
+    raise ValueError(f"no comparison tolerance known for dtype {dtype!r}")
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """Outcome of comparing two computations on random inputs.
+
+    `max_rel_error` is normwise: max|a-b| / max|b| over the worst trial. `tolerance` is the
+    relative tolerance (rtol) the errors were held to.
+    """
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    equal: bool
+    what: str
+    trials: int
+    max_abs_error: float
+    max_rel_error: float
+    tolerance: float
+
+    def __str__(self) -> str:
+        verdict = "equal" if self.equal else "NOT equal"
+        return (f"{verdict}: {self.what} ({self.trials} trials, max abs err "
+                f"{self.max_abs_error:.3g}, rel {self.max_rel_error:.3g}, rtol {self.tolerance:g})")
+
+
+class _Errors:
+    """Accumulates per-trial errors of a list of output pairs."""
+
+    def __init__(self, rtol: float, atol: float) -> None:
+        self.rtol, self.atol = rtol, atol
+        self.abs_err = 0.0
+        self.rel_err = 0.0
+        self.failure = ""
+
+    def add(self, label: str, got: np.ndarray, ref: np.ndarray) -> None:
+        got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+        if got.shape != ref.shape:
+            self.failure = self.failure or f"{label}: shapes {list(got.shape)} vs {list(ref.shape)}"
+            return
+        bad_a, bad_b = ~np.isfinite(got), ~np.isfinite(ref)
+        if not np.array_equal(bad_a, bad_b) or not np.array_equal(got[bad_a], ref[bad_b],
+                                                                  equal_nan=True):
+            self.failure = self.failure or f"{label}: non-finite values differ"
+            self.abs_err = self.rel_err = float("inf")
+            return
+        ok = ~bad_a
+        if not ok.any():
+            return
+        err = float(np.max(np.abs(got[ok] - ref[ok])))
+        scale = float(np.max(np.abs(ref[ok])))
+        rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
+        self.abs_err = max(self.abs_err, err)
+        self.rel_err = max(self.rel_err, rel)
+        if err > self.atol + self.rtol * scale and not self.failure:
+            self.failure = (f"{label}: max abs error {err:.3g} exceeds "
+                            f"{self.atol:g} + {self.rtol:g}·{scale:.3g}")
+
+
+def _tolerances(dtype: str, rtol: Optional[float], atol: Optional[float]) -> Tuple[float, float]:
+    default_rtol, default_atol = tolerance_for(dtype)
+    return (default_rtol if rtol is None else rtol), (default_atol if atol is None else atol)
+
+
+def compare_expressions(
+    a: Expr,
+    b: Expr,
+    trials: int = 3,
+    seed: int = 0,
+    polynomial_nonlinear: bool = True,
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+) -> TestResult:
+    """Evaluate `a` and `b` with the numpy interpreter on `trials` shared random inputs."""
+    rtol, atol = _tolerances(a.dtype, rtol, atol)
+    what = f"{a}  vs  {b}"
+
+    def failed(why: str) -> TestResult:
+        return TestResult(False, f"{why} ({what})", 0, float("inf"), float("inf"), rtol)
+
+    mismatch = shape_mismatch(a, b)
+    if a.dtype != b.dtype:
+        mismatch = mismatch or f"dtypes differ: {a.dtype} vs {b.dtype}"
+    tensors, why = shared_tensors(a, b)
+    if mismatch or tensors is None:
+        return failed(mismatch or why)
+    errors = _Errors(rtol, atol)
+    if polynomial_nonlinear:
+        a, b = Arithmetizer().expr(a), Arithmetizer().expr(b)
+    for trial in range(trials):
+        inputs = draw(tensors, seed + trial)
+        try:
+            got, ref = evaluate(a, inputs), evaluate(b, inputs)
+        except EvaluationError as err:
+            return failed(f"evaluation failed: {err}")
+        with np.errstate(invalid="ignore", over="ignore"):
+            errors.add(f"trial {trial}", got, ref)
+    return _result(errors, what, trials)
+
+
+def _result(errors: _Errors, what: str, trials: int) -> TestResult:
+    if errors.failure:
+        what = f"{errors.failure}; {what}"
+    return TestResult(not errors.failure, what, trials, errors.abs_err, errors.rel_err,
+                      errors.rtol)
+
+
+# --- Relax ------------------------------------------------------------------------------------
+
+# Relax ops replaced by their expression functions' stand-ins x·(x+k)+1 (element-wise).
+NONLINEAR_OPS = {"relax.nn.relu": "relu", "relax.tanh": "tanh", "relax.sigmoid": "sigmoid",
+                 "relax.exp": "exp"}
+
+
+def replace_nonlinear_ops(mod):
+    """A copy of `mod` with every relu/tanh/sigmoid/exp call replaced by x·(x+k)+1."""
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class _Replace(relax.PyExprMutator):
+        def visit_call_(self, call):  # pylint: disable=arguments-renamed
+            call = super().visit_call_(call)
+            op = getattr(call.op, "name", None)
+            if op not in NONLINEAR_OPS:
+                return call
+            x = call.args[0]
+            dtype = x.ty.dtype
+            k = relax.const(STAND_IN_OFFSETS[NONLINEAR_OPS[op]], dtype)
+            one = relax.const(1, dtype)
+            return relax.op.add(relax.op.multiply(x, relax.op.add(x, k)), one)
+
+    mutator = _Replace(mod)
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+def _signature(mod, func_name: str) -> List[Tuple[Tuple[int, ...], str]]:
+    from tvm import relax
+
+    if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ValueError(f"module has no function {func_name!r}")
+    sig = []
+    for param in mod[func_name].params:
+        ty = param.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise NotImplementedError(
+                f"parameter {param.name_hint} has type {ty}; only tensors of static shape "
+                f"are supported")
+        try:
+            shape = tuple(int(v) for v in ty.shape.values)
+        except (TypeError, AttributeError) as err:
+            raise NotImplementedError(
+                f"parameter {param.name_hint} has a symbolic shape {ty.shape}") from err
+        sig.append((shape, str(ty.dtype)))
+    return sig
+
+
+def _flatten(value) -> List[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    return [arr for item in value for arr in _flatten(item)]
+
+
+def compare_relax(
+    mod_a,
+    mod_b,
+    func_name: str = "main",
+    trials: int = 3,
+    seed: int = 0,
+    replace_nonlinear: bool = True,
+    target: str = "llvm",
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+) -> TestResult:
+    """Build both modules with `tvm.compile`, run `func_name` on shared random inputs.
+
+    The functions must take the same parameters (static shapes and dtypes); every output
+    (tuples are flattened) is compared with the tolerance of its dtype.
+    """
+    sig_a, sig_b = _signature(mod_a, func_name), _signature(mod_b, func_name)
+    what = f"Relax function {func_name!r} of two modules on {target}"
+    if sig_a != sig_b:
+        return TestResult(False, f"parameters differ: {sig_a} vs {sig_b} ({what})", 0,
+                          float("inf"), float("inf"), 0.0)
+    if replace_nonlinear:
+        mod_a, mod_b = replace_nonlinear_ops(mod_a), replace_nonlinear_ops(mod_b)
+        what += ", relu/tanh/sigmoid/exp replaced by polynomials"
+    run_a = _Runner(mod_a, func_name, target)
+    run_b = _Runner(mod_b, func_name, target)
+    errors: Optional[_Errors] = None
+    for trial in range(trials):
+        rng = np.random.default_rng(seed + trial)
+        arrays = [random_array(rng, shape, dtype) for shape, dtype in sig_a]
+        outs_a, outs_b = run_a(arrays), run_b(arrays)
+        if len(outs_a) != len(outs_b):
+            return TestResult(False, f"{len(outs_a)} outputs vs {len(outs_b)} ({what})", trial,
+                              float("inf"), float("inf"), 0.0)
+        for k, (got, ref) in enumerate(zip(outs_a, outs_b)):
+            if got.dtype != ref.dtype:
+                return TestResult(False, f"output {k} dtypes differ: {got.dtype} vs {ref.dtype}"
+                                  f" ({what})", trial, float("inf"), float("inf"), 0.0)
+            if errors is None:
+                errors = _Errors(*_tolerances(str(ref.dtype), rtol, atol))
+            errors.add(f"trial {trial} output {k}", got, ref)
+    if errors is None:
+        return TestResult(True, f"no outputs to compare ({what})", trials, 0.0, 0.0, 0.0)
+    return _result(errors, what, trials)
+
+
+class _Runner:
+    """Compiles a module once and runs one of its functions on numpy arrays."""
+
+    def __init__(self, mod, func_name: str, target: str) -> None:
+        import tvm
+        from tvm import relax
+
+        self.dev = tvm.device(tvm.target.Target(target).get_target_device_type(), 0)
+        self.vm = relax.VirtualMachine(tvm.compile(mod, target=target), self.dev)
+        self.func_name = func_name
+
+    def __call__(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+        import tvm
+
+        out = self.vm[self.func_name](*[tvm.runtime.tensor(a, self.dev) for a in arrays])
+        return _flatten(out)
+
+
+__all__ = ["TestResult", "compare_expressions", "compare_relax", "replace_nonlinear_ops",
+           "tolerance_for", "TOLERANCES", "NONLINEAR_OPS"]
