@@ -6,6 +6,7 @@ from tvm import relax
 
 from tvm_einweld.expr import Constant, Expr, Iterator, Tensor, canonical, evaluate, unary
 from tvm_einweld.expr.expression import Access
+from tvm_einweld.expr.index import IVar
 from tvm_einweld.verify import (
     DEFAULT_MODULUS, ProofResult, compare_expressions, compare_relax, screen_modular,
     verify_rewrite,
@@ -178,3 +179,14 @@ def test_verify_rewrite_needs_every_proof():
     v = verify_rewrite(mm, mm, [lambda: proven, lambda: unknown])
     assert not v.ok and "unknown" in v.reason and len(v.proofs) == 2
     assert v.screening.equal and v.testing.equal
+
+
+def test_verify_rewrite_rejects_when_a_side_condition_cannot_be_checked():
+    mm = canonical.matmul(Tensor("A", (2, 3)), Tensor("B", (3, 4)))
+
+    def malformed():
+        from tvm_einweld.verify import prove_index_equal
+        return prove_index_equal(IVar("q"), IVar("q"), [Iterator("k", 0, 2)])
+
+    v = verify_rewrite(mm, mm, [malformed])
+    assert not v.ok and v.proofs[0].status == "unknown" and "could not be checked" in v.reason

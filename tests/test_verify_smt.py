@@ -99,6 +99,17 @@ def test_bijection():
     assert hard.status == "unknown"
 
 
+def test_maps_must_have_one_component_per_iterator():
+    dom = [Iterator("k", 0, 12)]
+    cod = [Iterator("k1", 0, 3), Iterator("k2", 0, 4)]
+    with pytest.raises(ValueError, match="components"):
+        prove_bijection({"k1": k // 4}, {"k": k1 * 4 + k2}, dom, cod)
+    with pytest.raises(ValueError, match="components"):
+        prove_left_inverse({"k1": k // 4, "k2": k % 4}, {"k": k1 * 4 + k2, "j": k1}, dom)
+    with pytest.raises(ValueError, match="reads"):
+        prove_index_equal(k + IVar("q"), k, dom)
+
+
 def test_image_within():
     dom = [Iterator("y", 0, 5), Iterator("r", 0, 3)]
     r = IVar("r")

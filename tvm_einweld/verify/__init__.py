@@ -47,15 +47,20 @@ def verify_rewrite(
     before: Expr,
     after: Expr,
     side_conditions: Sequence[Callable[[], ProofResult]] = (),
+    *,
+    draws: int = 3,
+    trials: int = 3,
+    seed: int = 0,
 ) -> Verdict:
     """Check that `after` computes what `before` does, and that every side condition holds.
 
-    Runs exact screening modulo a prime, random float testing and every side-condition proof
-    (all of them, so the verdict reports everything). A proof that is "unknown" fails.
+    Runs exact screening modulo a prime (`draws` inputs), random float testing (`trials`
+    inputs) and every side-condition proof (all of them, so the verdict reports everything).
+    A proof that is "unknown", or a side condition that raises, fails.
     """
-    screening = screen_modular(before, after)
-    testing = compare_expressions(before, after)
-    proofs = tuple(check() for check in side_conditions)
+    screening = screen_modular(before, after, draws=draws, seed=seed)
+    testing = compare_expressions(before, after, trials=trials, seed=seed)
+    proofs = tuple(_run_check(check) for check in side_conditions)
     failures = []
     if not screening.equal:
         failures.append(f"exact screening: {screening.what}")
@@ -64,6 +69,16 @@ def verify_rewrite(
     failures += [f"side condition {p.status}: {p.what}" for p in proofs if not p.proven]
     reason = "; ".join(failures) if failures else "screening, testing and all side conditions pass"
     return Verdict(not failures, screening, testing, proofs, reason)
+
+
+def _run_check(check: Callable[[], ProofResult]) -> ProofResult:
+    # A malformed side condition (an unbound iterator, a missing component) rejects the
+    # rewrite with its message instead of aborting the caller's search.
+    try:
+        return check()
+    except (ValueError, KeyError, TypeError) as err:
+        return ProofResult("unknown", f"side condition could not be checked: "
+                                      f"{type(err).__name__}: {err}")
 
 
 __all__ = [

@@ -129,15 +129,10 @@ def _find_violation(
     return "unknown", solver.reason_unknown()
 
 
-def _forall(
-    what: str,
-    space: _Space,
-    goal: z3.BoolRef,
-    timeout_ms: int,
-    extra: z3.BoolRef = z3.BoolVal(True),
-) -> ProofResult:
+def _forall(what: str, space: _Space, goal: z3.BoolRef, timeout_ms: int) -> ProofResult:
+    """Prove `goal` at every point of `space` with one query."""
     deadline = _Deadline(timeout_ms)
-    status, info = _find_violation(z3.And(space.inside(), extra), goal, deadline)
+    status, info = _find_violation(space.inside(), goal, deadline)
     return _result(status, what, space, info, deadline)
 
 
@@ -189,7 +184,7 @@ def prove_left_inverse(
     domain iterator name to an expression over the new iterators.
     """
     space = _Space(domain)
-    _check_psi_covers(psi, domain)
+    _check_components(psi, domain, "inverse map ψ")
     _check_reads(tuple(phi.values()), space.env, "φ component")
     _check_reads(tuple(psi.values()), tuple(phi), "ψ component")
     goal = _round_trip(phi, psi, space.env, domain)
@@ -197,10 +192,11 @@ def prove_left_inverse(
     return _forall(what, space, goal, timeout_ms)
 
 
-def _check_psi_covers(psi: Mapping[str, IndexExpr], domain: Sequence[Iterator]) -> None:
-    missing = [it.name for it in domain if it.name not in psi]
-    if missing:
-        raise ValueError(f"inverse map has no component for {missing}")
+def _check_components(m: Mapping[str, IndexExpr], box: Sequence[Iterator], role: str) -> None:
+    """`m` has exactly one component per iterator of `box`."""
+    names = {it.name for it in box}
+    if set(m) != names:
+        raise ValueError(f"{role} has components {sorted(m)}, expected exactly {sorted(names)}")
 
 
 def _round_trip(
@@ -229,10 +225,8 @@ def prove_bijection(
     Counterexamples name domain points by the domain iterators and codomain points by the
     codomain iterators (the `what` says which half failed).
     """
-    _check_psi_covers(psi, domain)
-    missing = [it.name for it in codomain if it.name not in phi]
-    if missing:
-        raise ValueError(f"substitution has no component for {missing}")
+    _check_components(psi, domain, "inverse map ψ")
+    _check_components(phi, codomain, "substitution φ")
     deadline = _Deadline(timeout_ms)
     what = (f"φ = {_fmt_map(phi)} is a bijection {_fmt_box(domain)} → {_fmt_box(codomain)} "
             f"with inverse ψ = {_fmt_map(psi)}")
