@@ -1,1 +1,53 @@
-"""relay_passes"""
+"""Graph-level derivations (EinNet §4–§5) over `tvm_einweld.expr` expressions.
+
+    from tvm_einweld.relay_passes import SummationSplitting, apply_at, instantiate, build
+    d = apply_at(SummationSplitting(inner={"c"}), conv_expr)   # proven rule instance
+    program = instantiate(d.result)                            # Relax module (BlockBuilder)
+
+Modules, one idea each:
+  derivation             Derivation / Rule / apply_at; rule locations (top level, scopes)
+  summation_splitting    Σ_{s1,s2} → Σ_{s1} {Σ_{s2}}
+  variable_substitution  y = Φ(x) with proven inverse ψ (offsets, coupled pairs, merges,
+                         splits), and splitting of summation iterators
+  inverse                fitting ψ from sample points (then proven)
+  traversal_merging      inline a scope (Φ(X×Y) ⊆ Z proven)
+  boundary               relaxing and tightening of ranges (zero slabs proven)
+  inter_expression       expression splitting, merging, fusion
+  index_simplify         floor-div/mod aware simplification of index functions
+  mapping_table          iterator-mapping table, operator matching, expression_distance
+  eoperator              eOperators as scheduled TE kernels
+  instantiate            expressions → Relax (matmul, conv2d, G2BMM kernel, eOperators)
+  cases                  the paper's motivating derivations as fixed rule sequences
+"""
+from .boundary import BoundaryRelaxing, BoundaryTightening
+from .derivation import Candidate, Derivation, Rule, RuleNotApplicable, apply_at, check, locations
+from .inter_expression import ExpressionSplitting, Merged, fuse, merge_expressions
+from .mapping_table import TABLE, Match, expression_distance, match
+from .summation_splitting import SummationSplitting
+from .traversal_merging import TraversalMerging
+from .variable_substitution import SummationIteratorSplitting, VariableSubstitution, substitute
+
+INTRA_RULES = (SummationSplitting, VariableSubstitution, SummationIteratorSplitting,
+               TraversalMerging, BoundaryRelaxing, BoundaryTightening, ExpressionSplitting)
+
+
+def instantiate(expr, name: str = "main", **options):
+    """See `instantiate.instantiate` (imported lazily: it loads TVM)."""
+    from .instantiate import instantiate as _instantiate
+
+    return _instantiate(expr, name, **options)
+
+
+def build(inst, target: str = "llvm"):
+    from .instantiate import build as _build
+
+    return _build(inst, target)
+
+
+__all__ = [
+    "BoundaryRelaxing", "BoundaryTightening", "Candidate", "Derivation", "Rule",
+    "RuleNotApplicable", "apply_at", "check", "locations", "ExpressionSplitting", "Merged", "fuse",
+    "merge_expressions", "TABLE", "Match", "expression_distance", "match", "SummationSplitting",
+    "TraversalMerging", "SummationIteratorSplitting", "VariableSubstitution", "substitute",
+    "INTRA_RULES", "instantiate", "build",
+]

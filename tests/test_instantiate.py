@@ -1,0 +1,72 @@
+"""Instantiation to Relax: matched operators, eOperators with the default schedule, layouts;
+every module is built with tvm.compile and compared with the interpreter on random inputs."""
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvm_einweld.expr import Expr, Iterator, Tensor, canonical, evaluate, random_inputs
+from tvm_einweld.relay_passes import build, instantiate
+from tvm_einweld.relay_passes.eoperator import arithmetic_intensity, eoperator_func
+
+
+def run_and_compare(expr, **options):
+    inst = instantiate(expr, **options)
+    inputs = random_inputs(expr, seed=1)
+    out = build(inst)(*[inputs[n] for n in inst.input_names])
+    np.testing.assert_allclose(out, evaluate(expr, inputs), rtol=1e-4, atol=1e-4)
+    return inst
+
+
+def test_default_schedule_parallel_vectorised_and_correct():
+    # An OffsetReduce-like sum over shifted reads of a padded tensor, inner extent 32 and 7.
+    for width in (32, 7):
+        t = Tensor("T", (3, 3, 4, width))
+        f, y, x = Iterator("f", 0, 4), Iterator("y", 0, 4), Iterator("x", 0, width)
+        r, s = Iterator("r", 0, 3), Iterator("s", 0, 3)
+        body = t.with_pad(((0, 0), (0, 0), (1, 1), (1, 1)))[r.var, s.var, y.var + r.var - 1,
+                                                           x.var + s.var - 1]
+        expr = Expr((f, y, x), (r, s), body * 1.0 + 0.0)
+        text = eoperator_func(expr, "OffsetReduce", ["T"]).script()
+        assert "T.parallel" in text
+        assert ("T.vectorized" in text) == (width % 4 == 0)
+        inst = run_and_compare(expr)
+        assert inst.kernels == (("eOperator", "Kernel"),)
+
+
+def test_conv2d_with_stride_dilation_asymmetric_padding_instantiates_as_conv2d():
+    x, k = Tensor("X", (2, 3, 11, 10)), Tensor("K", (5, 3, 3, 2))
+    attrs = dict(strides=(2, 1), dilation=(1, 2), padding=(1, 0, 2, 1))
+    expr = canonical.conv2d(x, k, **attrs)
+    inst = run_and_compare(expr)
+    assert [kind for kind, _ in inst.kernels] == ["conv2d"]
+    # Against TVM's own conv2d as well.
+    bb = relax.BlockBuilder()
+    xv, kv = relax.Var("X", relax.TensorType(x.shape)), relax.Var("K", relax.TensorType(k.shape))
+    with bb.function("main", [xv, kv]):
+        with bb.dataflow():
+            o = bb.emit_output(relax.op.nn.conv2d(xv, kv, strides=[2, 1], dilation=[1, 2],
+                                                  padding=[1, 0, 2, 1]))
+        bb.emit_func_output(o)
+    inputs = random_inputs(expr, seed=2)
+    ref = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())["main"](
+            tvm.runtime.tensor(inputs["X"]), tvm.runtime.tensor(inputs["K"])).numpy()
+    out = build(inst)(inputs["K"], inputs["X"])
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_matmul_with_transposed_operand():
+    a, b = Tensor("A", (3, 8, 16)), Tensor("B", (3, 12, 16))
+    inst = run_and_compare(canonical.matmul(a, b, transpose_b=True))
+    assert [kind for kind, _ in inst.kernels] == ["matmul"]
+    assert "permute_dims" in inst.mod["main"].script()
+
+
+def test_memory_bound_expressions_become_named_eoperators():
+    a = Tensor("A", (4, 6, 5))
+    expr = canonical.permute_dims(a, (2, 0, 1))
+    assert arithmetic_intensity(expr) < 4
+    inst = run_and_compare(expr)
+    assert inst.kernels == (("eOperator", "DLT"),)
+    small = canonical.matmul(Tensor("P", (2, 3)), Tensor("Q", (3, 2)))  # intensity < 4
+    assert [k for k, _ in run_and_compare(small).kernels] == ["eOperator"]
+    assert [k for k, _ in run_and_compare(small, threshold=0).kernels] == ["matmul"]

@@ -1,0 +1,236 @@
+"""Derivations: one application of one rule, with the side conditions that make it correct.
+
+A rule (EinNet §4) looks at an expression and proposes successors. Each proposal carries its
+side conditions as zero-argument callables returning a `verify.smt.ProofResult`; `Rule.apply`
+runs them and yields only the proposals whose conditions are all *proven*. Unknown counts as
+failure, so a rule instance that z3 cannot decide is never produced.
+
+Rules look at one expression level at a time; `locations` lets every rule act on the top-level
+expression and on every nested scope, rebuilding the whole expression around the rewrite.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator as PyIterator, List, Optional, Sequence, Tuple
+
+from ..expr import index as ix
+from ..expr.expression import Access, Expr, Iterator, Scope, Tensor, accesses, map_accesses
+from ..verify.smt import ProofResult
+from .index_simplify import simplify_index
+
+SideCondition = Callable[[], ProofResult]
+
+
+class RuleNotApplicable(ValueError):
+    """A requested rule instance does not exist or its side conditions were not proven."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A proposed rewrite of one expression level, not yet checked."""
+
+    result: Expr
+    side_conditions: Tuple[SideCondition, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """A checked rule application: `result` equals the input expression."""
+
+    rule: str
+    result: Expr
+    side_conditions: Tuple[SideCondition, ...]
+    description: str
+    proofs: Tuple[ProofResult, ...] = field(default=(), compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.description}"
+
+
+@dataclass(frozen=True)
+class Location:
+    """An expression level inside a larger expression: the top level or a nested scope."""
+
+    expr: Expr
+    rebuild: Callable[[Expr], Expr]
+    path: str
+    is_top: bool
+
+
+def locations(expr: Expr) -> PyIterator[Location]:
+    """The top level of `expr`, then every nested scope (outermost first)."""
+    yield Location(expr, lambda new: _check_top(expr, new), "top", True)
+    yield from _nested(expr, lambda new: _check_top(expr, new), "top")
+
+
+def _check_top(old: Expr, new: Expr) -> Expr:
+    if tuple((t.lo, t.hi) for t in old.traversals) != tuple((t.lo, t.hi) for t in new.traversals):
+        raise RuleNotApplicable("a rewrite of the top level must keep the output's ranges")
+    return new
+
+
+def _nested(expr: Expr, rebuild: Callable[[Expr], Expr], path: str) -> PyIterator[Location]:
+    seen: List[Scope] = []
+    for acc in accesses(expr.body):
+        scope = acc.source
+        if not isinstance(scope, Scope) or scope in seen:
+            continue
+        seen.append(scope)
+        sub_path = f"{path}/scope{len(seen) - 1}"
+
+        def rebuild_scope(new: Expr, scope=scope, expr=expr, rebuild=rebuild) -> Expr:
+            return rebuild(replace_source(expr, scope, rescope(scope, new)))
+
+        yield Location(scope.expr, rebuild_scope, sub_path, False)
+        yield from _nested(scope.expr, rebuild_scope, sub_path)
+
+
+def rescope(scope: Scope, new: Expr) -> Scope:
+    """`new` as a replacement of `scope`: padding grows where the range shrank, so every index
+    that was readable before (value or zero padding) is still readable."""
+    if len(new.traversals) != len(scope.expr.traversals):
+        raise RuleNotApplicable("a rewrite of a scope must keep its rank")
+    pad = []
+    for old_it, new_it, (pl, ph) in zip(scope.expr.traversals, new.traversals, scope.pad):
+        pad.append((max(0, pl + new_it.lo - old_it.lo), max(0, ph + old_it.hi - new_it.hi)))
+    return Scope(new, tuple(pad))
+
+
+def replace_source(expr: Expr, old, new) -> Expr:
+    """`expr` with every access to source `old` reading `new` instead (same indices)."""
+    def swap(a: Access) -> Access:
+        return Access(new, a.indices) if a.source == old else a
+
+    return Expr(expr.traversals, expr.sums, map_accesses(expr.body, swap), expr.dtype)
+
+
+def check(rule: str, candidate: Candidate, loc: Optional[Location] = None) -> Derivation:
+    """Run the side conditions of `candidate`; the derivation, or RuleNotApplicable saying why."""
+    proofs = tuple(cond() for cond in candidate.side_conditions)
+    failed = [p for p in proofs if not p.proven]
+    where = f" at {loc.path}" if loc is not None and not loc.is_top else ""
+    if failed:
+        raise RuleNotApplicable(
+            f"{rule}{where}: {candidate.description}: side condition not proven: "
+            + "; ".join(str(p) for p in failed))
+    result = loc.rebuild(candidate.result) if loc is not None else candidate.result
+    return Derivation(rule, result, candidate.side_conditions,
+                      candidate.description + where, proofs)
+
+
+class Rule:
+    """Base class: subclasses implement `candidates(expr, is_top)` for one expression level."""
+
+    name = "rule"
+
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+        raise NotImplementedError
+
+    def apply(self, expr: Expr) -> PyIterator[Derivation]:
+        """Every proven instance of this rule, at every level of `expr`."""
+        for loc in locations(expr):
+            for cand in self.candidates(loc.expr, loc.is_top):
+                try:
+                    yield check(self.name, cand, loc)
+                except RuleNotApplicable:
+                    continue
+
+
+def apply_at(rule: Rule, expr: Expr, path: str = "top",
+             where: Callable[[Candidate], bool] = lambda c: True) -> Derivation:
+    """The first proven instance of `rule` at location `path` accepted by `where`.
+
+    Used to apply rules by hand in a fixed sequence; raises RuleNotApplicable listing why
+    each candidate was refused when none qualifies.
+    """
+    reasons = []
+    for loc in locations(expr):
+        if loc.path != path:
+            continue
+        for cand in rule.candidates(loc.expr, loc.is_top):
+            if not where(cand):
+                continue
+            try:
+                return check(rule.name, cand, loc)
+            except RuleNotApplicable as err:
+                reasons.append(str(err))
+    raise RuleNotApplicable(f"no proven instance of {rule.name} at {path} in {expr}"
+                            + ("".join(f"\n  {r}" for r in reasons)))
+
+
+def fresh_name(taken: Iterable[str], stem: str) -> str:
+    taken = set(taken)
+    k = 1
+    while f"{stem}{k}" in taken:
+        k += 1
+    return f"{stem}{k}"
+
+
+def simplify(expr: Expr) -> Expr:
+    """`expr` with every index function of its body simplified (nested scopes untouched)."""
+    ranges = expr.ranges
+    body = map_accesses(expr.body, lambda a: Access(a.source, tuple(simplify_index(i, ranges)
+                                                                   for i in a.indices)))
+    return Expr(expr.traversals, expr.sums, body, expr.dtype)
+
+
+def widen_padding(expr: Expr) -> Expr:
+    """`expr` with every source padded enough that no read leaves its padded bounds.
+
+    Used where a rule makes an expression read points whose values are never used (the extra
+    points of a bounding box): padding only adds zeros, so widening it cannot change any value
+    that is read. Index functions are simplified first.
+    """
+    expr = simplify(expr)
+    ranges = expr.ranges
+
+    def widen(a: Access) -> Access:
+        src = a.source
+        pad = []
+        for idx, o, n, (pl, ph) in zip(a.indices, src.origin, src.shape, src.pad):
+            lo, hi = ix.bounds(idx, ranges)
+            pad.append((max(pl, o - lo), max(ph, hi - (o + n - 1))))
+        pad = tuple(pad)
+        return a if pad == src.pad else Access(src.with_pad(pad), a.indices)
+
+    return Expr(expr.traversals, expr.sums, map_accesses(expr.body, widen), expr.dtype)
+
+
+def trim_padding(expr: Expr) -> Expr:
+    """`expr` with the padding of its input tensors cut to what its reads can reach.
+
+    Sound because padding no read reaches has no effect; scopes keep theirs (their padding is
+    the zero region a rewrite created and consumers may rely on).
+    """
+    expr = simplify(expr)
+    ranges = expr.ranges
+
+    def trim(a: Access) -> Access:
+        src = a.source
+        if not isinstance(src, Tensor):
+            return a
+        pad = []
+        for idx, n, (pl, ph) in zip(a.indices, src.shape, src.pad):
+            lo, hi = ix.bounds(idx, ranges)
+            pad.append((min(pl, max(0, -lo)), min(ph, max(0, hi - (n - 1)))))
+        pad = tuple(pad)
+        return a if pad == src.pad else Access(src.with_pad(pad), a.indices)
+
+    return Expr(expr.traversals, expr.sums, map_accesses(expr.body, trim), expr.dtype)
+
+
+def with_ranges(expr: Expr, ranges: dict) -> Expr:
+    """`expr` with some iterators' ranges replaced: {name: (lo, hi)}."""
+    def re(its: Sequence[Iterator]) -> Tuple[Iterator, ...]:
+        return tuple(Iterator(it.name, *ranges[it.name]) if it.name in ranges else it
+                     for it in its)
+
+    return Expr(re(expr.traversals), re(expr.sums), expr.body, expr.dtype)
+
+
+__all__ = [
+    "Candidate", "Derivation", "Location", "Rule", "RuleNotApplicable", "SideCondition",
+    "apply_at", "check", "fresh_name", "locations", "replace_source", "rescope", "simplify",
+    "trim_padding", "widen_padding", "with_ranges",
+]

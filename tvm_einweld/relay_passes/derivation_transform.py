@@ -1,0 +1,457 @@
+"""`DerivationTransform`: EinNet's end-to-end optimiser (Algorithm 1) as a Relax module pass.
+
+For every Relax function:
+
+1. split it into subprograms at activations (`subprograms.py`); operators without a canonical
+   expression are left alone;
+2. for every operator of a subprogram, collect candidate programs:
+   * the original call (always a candidate, so nothing gets slower by the cost model's own
+     estimate),
+   * a faster provider for the same operator (numpy's BLAS for a matmul, `numpy_gemm.py`),
+   * the states of the distance-guided derivation search (`search.py`) from the operator's
+     canonical expression, instantiated as predefined operators plus eOperators
+     (`instantiate.py`);
+3. cost every candidate (`op_cost.py`: predefined operators timed on the target, eOperators
+   from bytes moved and measured bandwidth, weight-only kernels free because `FoldConstant`
+   evaluates them at compile time) and keep the cheapest; a non-original choice must beat the
+   original by `min_speedup`;
+4. verify the rewritten subprogram as a whole against the original one: `tvm.compile` both and
+   compare on random inputs (`verify.random_testing.compare_relax`), and require every side
+   condition proof of the derivations used to be proven. A subprogram that fails keeps its
+   original operators, and the report says why. A verified rewrite is then timed against the
+   original subprogram and kept only if it is faster there too;
+5. splice the chosen programs in, keeping every original variable, then fold weight-only
+   expressions (`relax.transform.FoldConstant`, the paper's compile-time evaluation).
+
+Why it is correct: every replacement computes the same tensor as the call it replaces: it is
+derived by proven rules, instantiated, and then checked end to end on random inputs against
+the original subprogram; anything unverified is not applied.
+
+`log` (a path, or a list) receives one JSON record per subprogram: rule sequence, verification
+evidence, estimated and measured times.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from ..expr.expression import Expr
+from ..expr.fingerprint import structurally_equal
+from ..verify.random_testing import compare_relax
+from . import numpy_gemm
+from .op_cost import EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, program_seconds, time_call
+from .search import Budget, SearchResult, SearchStats, State, default_rules, \
+    default_targets, distance_guided_search
+from .subprograms import OpNode, Subprogram, rebuild_function, split_module
+
+Values = Mapping[str, relax.Expr]
+Emit = Callable[[relax.BlockBuilder, Values], relax.Expr]
+
+
+@dataclass(frozen=True)
+class Program:
+    """One candidate replacement of an operator and its cost."""
+
+    label: str  # "original", "numpy_gemm", "derived"
+    kernels: Tuple[Kernel, ...]
+    emit: Emit = field(compare=False, repr=False)
+    state: Optional[State] = field(default=None, compare=False, repr=False)
+
+    @property
+    def seconds(self) -> float:
+        return program_seconds(self.kernels)
+
+    @property
+    def rules(self) -> Tuple[str, ...]:
+        return self.state.rules if self.state is not None else ()
+
+    @property
+    def ops(self) -> Tuple[str, ...]:
+        return tuple(k.name for k in self.kernels)
+
+
+@dataclass(frozen=True)
+class OpResult:
+    op: OpNode
+    candidates: Tuple[Program, ...]
+    chosen: Program
+    stats: Optional[SearchStats]
+    notes: Tuple[str, ...] = ()
+
+    @property
+    def original(self) -> Program:
+        return self.candidates[0]
+
+
+@dataclass(frozen=True)
+class SubprogramResult:
+    """What the pass found and did for one subprogram."""
+
+    subprogram: Subprogram
+    ops: Tuple[OpResult, ...]
+    applied: bool
+    verified: bool
+    verification: str
+    measured_before_s: Optional[float] = None
+    measured_after_s: Optional[float] = None
+
+    @property
+    def orig_time_s(self) -> float:
+        return sum(o.original.seconds for o in self.ops)
+
+    @property
+    def est_time_s(self) -> float:
+        return sum(o.chosen.seconds for o in self.ops)
+
+    def to_json(self, detail: bool = False) -> dict:
+        """The `derive --json` record (EinNet issue schema); `detail` adds the evidence."""
+        stats = [o.stats for o in self.ops if o.stats is not None]
+        out = {
+            "ops": list(self.subprogram.kinds),
+            "chosen": {
+                "ops": [name for o in self.ops for name in o.chosen.ops],
+                "rules": [r for o in self.ops for r in o.chosen.rules],
+                "verified": self.verified,
+                "orig_time_s": self.orig_time_s,
+                "est_time_s": self.est_time_s,
+            },
+            "candidates": sum(len(o.candidates) for o in self.ops),
+            "stats": {
+                "states": sum(s.states for s in stats),
+                "pruned": sum(s.pruned for s in stats),
+                "seconds": sum(s.seconds for s in stats),
+            },
+        }
+        if detail:
+            out["function"] = self.subprogram.function
+            out["index"] = self.subprogram.index
+            out["applied"] = self.applied
+            out["verification"] = self.verification
+            out["proofs"] = [str(p) for o in self.ops if o.chosen.state is not None
+                             for d in o.chosen.state.derivations for p in d.proofs]
+            out["derivations"] = [str(d) for o in self.ops if o.chosen.state is not None
+                                  for d in o.chosen.state.derivations]
+            out["measured_before_s"] = self.measured_before_s
+            out["measured_after_s"] = self.measured_after_s
+            out["notes"] = [n for o in self.ops for n in o.notes]
+        return out
+
+
+# --- candidate programs -------------------------------------------------------------------------
+
+def _original_emit(op: OpNode) -> Emit:
+    def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
+        args, names = [], iter(op.names)
+        for arg in op.call.args:
+            if isinstance(getattr(arg, "ty", None), relax.TensorType):
+                args.append(values[next(names)])
+            else:
+                args.append(arg)
+        return relax.Call(op.call.op, args, op.call.attrs, list(op.call.ty_args))
+
+    return emit
+
+
+def _gemm_emit(op: OpNode) -> Emit:
+    a, b = op.names
+
+    def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
+        return numpy_gemm.matmul_call(values[a], values[b])
+
+    return emit
+
+
+def _derived_emit(expr: Expr) -> Emit:
+    def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
+        from .instantiate import Instantiator
+
+        return Instantiator(bb, dict(values)).output(expr)
+
+    return emit
+
+
+def subprogram_module(ops: Sequence[OpNode], emits: Optional[Sequence[Emit]] = None,
+                      constants_as_params: bool = False) -> tvm.IRModule:
+    """A module whose `main` computes `ops` (a subprogram, or one operator) and returns every
+    result; the variables they read become parameters, constants stay constants (or become
+    parameters too with `constants_as_params`, for random-input checks of weight-only code).
+    `emits[k]` replaces operator k's call."""
+    bb = relax.BlockBuilder()
+    values: Dict[relax.Expr, relax.Expr] = {}
+    params: List[relax.Var] = []
+    defined = {op.var for op in ops}
+    for op in ops:
+        for arg in op.args:
+            is_input = isinstance(arg, relax.Var) and arg not in defined or \
+                (constants_as_params and isinstance(arg, Constant))
+            if is_input and arg not in values:
+                name = arg.name if isinstance(arg, relax.Var) else f"const{len(params)}"
+                values[arg] = relax.Var(name, arg.ty)
+                params.append(values[arg])
+    with bb.function("main", params):
+        with bb.dataflow():
+            outs = []
+            for k, op in enumerate(ops):
+                named = {n: values.get(a, a) for n, a in zip(op.names, op.args)}
+                emit = emits[k] if emits is not None else _original_emit(op)
+                var = bb.emit(emit(bb, named))
+                values[op.var] = var
+                outs.append(var)
+            out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+_EOP_SUFFIX = re.compile(r"[_\d]+$")
+
+
+def program_kernels(mod: tvm.IRModule, target: str) -> Tuple[Kernel, ...]:
+    """The kernels of `mod["main"]` with their times: operators and providers timed, eOperators
+    (`call_tir`) estimated from bytes moved, and kernels whose inputs are all constants free
+    (FoldConstant evaluates them at compile time)."""
+    kernels: List[Kernel] = []
+    constant: set = set()
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+                continue
+            tensors = _tensor_inputs(call)
+            folded = all(isinstance(t, Constant) or t in constant for t in tensors)
+            if folded:
+                constant.add(binding.var)
+            name = call.op.name
+            if name == "relax.call_tir":
+                label = "eop:" + _EOP_SUFFIX.sub("", call.args[0].name_hint)
+                moved = sum(_nbytes(t.ty) for t in tensors) + _nbytes(binding.var.ty)
+                intensity = _points(mod[call.args[0]]) * _itemsize(binding.var.ty) / moved
+                if intensity >= EOP_MAX_INTENSITY and not folded:
+                    # The bandwidth estimate only holds for memory-bound kernels; EinNet maps
+                    # compute-bound expressions to predefined operators or not at all.
+                    raise NotImplementedError(
+                        f"{label} is compute-bound ({intensity:.1f} FLOPs/element); no "
+                        f"predefined operator matched it")
+                kernels.append(Kernel(label, 0.0 if folded else eop_seconds_from_bytes(moved),
+                                      False))
+                continue
+            if name == "relax.call_dps_packed":
+                name = str(call.args[0].global_symbol)
+            kernels.append(Kernel(name, 0.0 if folded else time_call(call, target), not folded))
+    return tuple(kernels)
+
+
+def _tensor_inputs(call: relax.Call) -> List[relax.Expr]:
+    out = []
+    for arg in call.args:
+        if isinstance(arg, relax.Tuple):
+            out += [f for f in arg.fields if isinstance(getattr(f, "ty", None), relax.TensorType)]
+        elif isinstance(getattr(arg, "ty", None), relax.TensorType):
+            out.append(arg)
+    return out
+
+
+def _points(func) -> int:
+    """Iteration points of a PrimFunc: the sum over its blocks of their iteration domains."""
+    import math
+
+    from tvm import s_tir
+    from tvm_ffi import structural_walk
+
+    total = [0]
+
+    def visit(block) -> None:
+        if len(block.iter_vars):
+            total[0] += math.prod(int(iv.dom.extent) for iv in block.iter_vars)
+
+    structural_walk(func, [(s_tir.SBlock, visit)])
+    return total[0]
+
+
+def _itemsize(ty) -> int:
+    import numpy as np
+
+    return np.dtype(str(ty.dtype)).itemsize
+
+
+def _nbytes(ty) -> int:
+    import numpy as np
+
+    return int(np.prod([int(v) for v in ty.shape.values])) * np.dtype(str(ty.dtype)).itemsize
+
+
+# --- the pass -----------------------------------------------------------------------------------
+
+@tvm.transform.module_pass(opt_level=0, name="DerivationTransform")
+class DerivationTransform:
+    """Rewrites operators of every Relax function into cheaper, verified equivalent programs
+    found by derivation search (EinNet); see the module docstring for what and why.
+
+    Parameters: `max_depth`, `max_states`, `time_limit_s` (per operator) and `seed` bound the
+    search; `rules` / `targets` override the rule set and the converging targets;
+    `target` is where candidates are timed; `min_speedup` is the estimated gain a rewrite
+    needs; `max_instantiations` caps derived candidates per operator; `providers` enables the
+    numpy GEMM provider; `log` is a JSON-lines path or a list receiving one record per
+    subprogram; `confirm_by_measurement` times a verified rewrite against the original
+    subprogram and drops it unless it is faster (the eOperator estimate is a lower bound for
+    kernels that run below memory bandwidth).
+    """
+
+    def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 10.0,
+                 seed: int = 0, rules=None, targets=None, target: str = "llvm",
+                 min_speedup: float = 1.1, max_instantiations: int = 8,
+                 providers: bool = True, verify_trials: int = 2,
+                 log: Union[None, str, Path, list] = None,
+                 confirm_by_measurement: bool = True) -> None:
+        self.budget = Budget(max_depth=max_depth, max_states=max_states,
+                             time_limit_s=time_limit_s, seed=seed)
+        self.rules = rules
+        self.targets = targets
+        self.target = target
+        self.min_speedup = min_speedup
+        self.max_instantiations = max_instantiations
+        self.providers = providers
+        self.verify_trials = verify_trials
+        self.log = log
+        self.confirm_by_measurement = confirm_by_measurement
+        self.last_results: Tuple[SubprogramResult, ...] = ()
+
+    # The pass entry point.
+    def transform_module(self, mod: tvm.IRModule, ctx=None) -> tvm.IRModule:
+        new_mod, results = self.analyse(mod, apply=True)
+        self.last_results = results
+        self._write_log(results)
+        return new_mod
+
+    def analyse(self, mod: tvm.IRModule, apply: bool = True
+                ) -> Tuple[tvm.IRModule, Tuple[SubprogramResult, ...]]:
+        """Search, cost and verify every subprogram; return the rewritten module (the input
+        unchanged when nothing was applied or `apply` is False) and the per-subprogram results."""
+        results: List[SubprogramResult] = []
+        out = mod
+        for fname, split in split_module(mod).items():
+            replacements: Dict[relax.Var, Callable] = {}
+            for sub in split.subprograms:
+                res = self.optimise_subprogram(sub)
+                results.append(res)
+                if res.applied:
+                    for o in res.ops:
+                        if o.chosen is not o.original:
+                            replacements[o.op.var] = _bound(o.chosen.emit, o.op)
+            if apply and replacements:
+                out = rebuild_function(out, fname, replacements)
+        if out is not mod:
+            out = relax.transform.FoldConstant()(out)
+        return out, tuple(results)
+
+    def optimise_subprogram(self, sub: Subprogram) -> SubprogramResult:
+        ops = tuple(self.optimise_op(op) for op in sub.ops)
+        if all(o.chosen is o.original for o in ops):
+            return SubprogramResult(sub, ops, False, True, "original kept (cheapest)")
+        unproven = [str(p) for o in ops if o.chosen.state is not None
+                    for d in o.chosen.state.derivations for p in d.proofs if not p.proven]
+        before = subprogram_module(sub.ops)
+        after = subprogram_module(sub.ops, [o.chosen.emit for o in ops])
+        try:
+            test = compare_relax(after, before, trials=self.verify_trials, target=self.target)
+            ok, evidence = test.equal and not unproven, str(test)
+        except Exception as err:  # a candidate that does not even build is not applied
+            ok, evidence = False, f"verification could not run: {type(err).__name__}: {err}"
+        if unproven:
+            evidence += "; unproven side conditions: " + "; ".join(unproven)
+        if not ok:
+            kept = tuple(OpResult(o.op, o.candidates, o.original, o.stats,
+                                  o.notes + (f"rewrite rejected: {evidence}",)) for o in ops)
+            return SubprogramResult(sub, kept, False, False, evidence)
+        if not self.confirm_by_measurement:
+            return SubprogramResult(sub, ops, True, True, evidence)
+        # eOperator times are estimates; the rewrite must also be faster when measured.
+        from .op_cost import measure_module
+
+        before_s, after_s = measure_module(before, self.target), measure_module(after, self.target)
+        if after_s >= before_s:
+            note = (f"rewrite not applied: measured {after_s:.3g} s, original {before_s:.3g} s "
+                    f"(estimated {sum(o.chosen.seconds for o in ops):.3g} s)")
+            kept = tuple(OpResult(o.op, o.candidates, o.original, o.stats, o.notes + (note,))
+                         for o in ops)
+            return SubprogramResult(sub, kept, False, True, evidence, before_s, after_s)
+        return SubprogramResult(sub, ops, True, True, evidence, before_s, after_s)
+
+    def optimise_op(self, op: OpNode) -> OpResult:
+        notes: List[str] = []
+        candidates = [self._program("original", op, _original_emit(op))]
+        if self.providers and op.kind == "relax.matmul" and \
+                tvm.target.Target(self.target).kind.name == "llvm" and \
+                numpy_gemm.supports(*op.args):
+            candidates.append(self._program("numpy_gemm", op, _gemm_emit(op)))
+        stats = None
+        try:
+            result = self.search(op.expr)
+            stats = result.stats
+            notes += [f"rule error: {e}" for e in stats.rule_errors[:3]]
+            candidates += self._derived(op, result, notes)
+        except Exception as err:  # the search is an optimisation: failing it keeps the op
+            notes.append(f"search failed: {type(err).__name__}: {err}")
+        original = candidates[0]
+        chosen = original
+        for cand in candidates[1:]:
+            if cand.seconds * self.min_speedup < original.seconds and cand.seconds < chosen.seconds:
+                chosen = cand
+        return OpResult(op, tuple(candidates), chosen, stats, tuple(notes))
+
+    def search(self, expr: Expr) -> SearchResult:
+        rules = self.rules if self.rules is not None else default_rules()
+        targets = self.targets if self.targets is not None else default_targets()
+        return distance_guided_search(expr, rules, targets, self.budget)
+
+    def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None
+                 ) -> Program:
+        kernels = program_kernels(subprogram_module((op,), [emit]), self.target)
+        return Program(label, kernels, emit, state)
+
+    def _derived(self, op: OpNode, result: SearchResult, notes: List[str]) -> List[Program]:
+        """Instantiate the matched states first, then explored ones, up to the cap."""
+        ordered = [s for s in [m.state for m in result.matches] + list(result.states)
+                   if s.depth > 0]
+        out: List[Program] = []
+        tried: List[Expr] = []
+        for state in ordered:
+            if len(tried) >= self.max_instantiations:
+                break
+            if any(structurally_equal(state.expr, t) for t in tried):
+                continue
+            tried.append(state.expr)
+            try:
+                out.append(self._program("derived", op, _derived_emit(state.expr), state))
+            except Exception as err:  # not instantiable (yet): not a candidate
+                notes.append(f"state {' > '.join(state.rules)} not instantiated: "
+                             f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        return out
+
+    def _write_log(self, results: Sequence[SubprogramResult]) -> None:
+        if self.log is None:
+            return
+        records = [r.to_json(detail=True) for r in results]
+        if isinstance(self.log, list):
+            self.log.extend(records)
+            return
+        with open(self.log, "a") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
+
+
+def _bound(emit: Emit, op: OpNode) -> Callable[[relax.BlockBuilder], relax.Expr]:
+    """An emitter for `rebuild_function`: `emit` applied to the operator's own arguments."""
+    values = dict(zip(op.names, op.args))
+    return lambda bb: emit(bb, values)
+
+
+__all__ = ["DerivationTransform", "Program", "OpResult", "SubprogramResult", "subprogram_module",
+           "program_kernels"]

@@ -1,0 +1,94 @@
+"""eOperators (EinNet §5.2): memory-bound expressions compiled as TE kernels.
+
+An expression that is not matched to a predefined operator becomes a `te.compute` through
+`tvm_einweld.expr.lowering.to_te`, scheduled with a simple default CPU schedule and added to the
+Relax module as a `call_tir`. The schedule is meant to run near memory bandwidth without
+tuning: all spatial loops but the innermost fused into one parallel loop, the innermost
+spatial loop split by a vector width that divides it and vectorised, and summation loops (an
+OffsetReduce sums a handful of terms) moved between the two so the vector lanes stay spatial.
+"""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Sequence
+
+import tvm
+from tvm import relax, te, tirx
+
+from ..expr.expression import Expr, input_tensors
+from ..expr.lowering import to_te
+
+VECTOR_WIDTHS = (16, 8, 4)
+FLOPS_PER_ELEMENT_THRESHOLD = 4.0
+
+
+def arithmetic_intensity(expr: Expr) -> float:
+    """FLOPs per element moved (inputs read once, output written once), EinNet's measure."""
+    import math
+
+    points = math.prod(it.extent for it in expr.iterators)
+    flops = 2 * points if expr.sums else points
+    elements = math.prod(expr.shape) + sum(math.prod(t.shape) for t in input_tensors(expr).values())
+    return flops / max(1, elements)
+
+
+def _extent(loop_rv, sch) -> int:
+    return int(sch.get(loop_rv).extent)
+
+
+def default_cpu_schedule(func: tirx.PrimFunc, block_name: str) -> tirx.PrimFunc:
+    """Parallel outer loop, vectorised inner spatial loop (see the module docstring)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    block = sch.get_sblock(block_name)
+    loops = sch.get_loops(block)
+    kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+    spatial = [lp for lp, k in zip(loops, kinds) if k == 0]
+    reduce = [lp for lp, k in zip(loops, kinds) if k != 0]
+    if not spatial:
+        return sch.mod["main"]
+    inner = spatial[-1]
+    width = next((w for w in VECTOR_WIDTHS if _extent(inner, sch) % w == 0), None)
+    vec = None
+    if width is not None and _extent(inner, sch) > width:
+        rest, vec = sch.split(inner, [None, width])
+        outer_loops = spatial[:-1] + [rest]
+    elif width is not None:
+        vec, outer_loops = inner, spatial[:-1]
+    else:
+        outer_loops = spatial
+    outer = sch.fuse(*outer_loops) if len(outer_loops) > 1 else (outer_loops[0] if outer_loops
+                                                                   else None)
+    if reduce:
+        order = ([outer] if outer is not None else []) + reduce + ([vec] if vec is not None else [])
+        sch.reorder(*order)
+    # Parallelise and vectorise while the block is still one reduction block, then split off
+    # its initialisation so the vector lanes of the update stay spatial.
+    if outer is not None:
+        sch.parallel(outer)
+    if vec is not None:
+        sch.vectorize(vec)
+    if reduce:
+        sch.decompose_reduction(block, reduce[0])
+    return sch.mod["main"]
+
+
+def eoperator_func(expr: Expr, name: str, input_names: Sequence[str]) -> tirx.PrimFunc:
+    """The scheduled PrimFunc of an eOperator; parameters are the inputs in `input_names` order
+    then the output."""
+    tensors = input_tensors(expr)
+    placeholders = {n: te.placeholder(tensors[n].shape, tensors[n].dtype, name=n)
+                    for n in input_names}
+    out = to_te(expr, placeholders, name)
+    func = te.create_prim_func([placeholders[n] for n in input_names] + [out])
+    return default_cpu_schedule(func, name).with_attr("global_symbol", name)
+
+
+def emit_eoperator(bb: relax.BlockBuilder, expr: Expr, values: Mapping[str, relax.Expr],
+                   name: str) -> relax.Var:
+    """Emit `expr` (which reads only tensors named in `values`) as a scheduled call_tir."""
+    names = sorted(input_tensors(expr))
+    func = eoperator_func(expr, name, names)
+    gvar = bb.add_func(func, name)
+    out_ty = relax.TensorType(expr.shape, expr.dtype)
+    return bb.emit(relax.call_tir(gvar, [values[n] for n in names], out_ty), name_hint=name)

@@ -1,0 +1,339 @@
+"""Instantiation of derived expressions as Relax functions (EinNet §5).
+
+Scopes are instantiated innermost first, each becoming one Relax value that the enclosing
+expression then reads as a tensor. A compute-bound expression (arithmetic intensity ≥ 4) that
+`mapping_table.match` maps to an operator becomes Relax ops — `matmul`, `nn.conv2d`, with
+`permute_dims` / `reshape` as glue — or, for G2BMM (no Relax op), a named TE kernel; operand
+layouts that are not a plain transpose are produced by DLT eOperators. Everything else becomes
+an eOperator (`eoperator.py`) with a readable name: OffsetReduce (a sum over shifted reads),
+DLT (a pure data-layout transformation), Elementwise, Kernel.
+
+Stored layout: a value of an expression with traversal iterators x_i ∈ [lo_i, hi_i) is kept in
+a Relax tensor whose dimension k holds iterator `layout[k]` at position x − lo (`Placed`); the
+consumer's index functions are permuted and shifted to read it, and the scope's zero padding
+becomes the padding of that tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import tvm
+from tvm import relax
+
+from ..expr import index as ix
+from ..expr.expression import Access, Expr, Iterator, Scope, Tensor, accesses, input_tensors
+from .derivation import fresh_name, replace_source, simplify, widen_padding
+from .eoperator import FLOPS_PER_ELEMENT_THRESHOLD, arithmetic_intensity, emit_eoperator
+from .index_simplify import simplify_index
+from .mapping_table import MATCHERS, Match
+
+
+class InstantiationError(NotImplementedError):
+    """The expression uses something instantiation does not implement."""
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where the value of an expression lives: Relax var, stored shape, layout, origins."""
+
+    var: relax.Var
+    tensor: Tensor
+    layout: Tuple[int, ...]
+    origin: Tuple[int, ...]
+
+    def read(self, indices: Sequence[ix.IndexExpr], pad) -> Access:
+        """The access that replaces `scope[indices]` for a scope with padding `pad`."""
+        idx = tuple(simplify_index(ix.sub(indices[d], self.origin[d])) for d in self.layout)
+        return Access(self.tensor.with_pad(tuple(pad[d] for d in self.layout)), idx)
+
+
+def eoperator_kind(expr: Expr) -> str:
+    from ..expr.expression import BinaryOp
+
+    single = isinstance(expr.body, Access)
+    b = expr.body
+    if (not expr.sums and isinstance(b, BinaryOp) and b.op == "+"
+            and all(isinstance(a, Access) and any(p != (0, 0) for p in a.source.pad)
+                    for a in (b.lhs, b.rhs))):
+        return "Concat"  # T1[c] + T2[c − n1], each padded where the other lies
+    if single:
+        return "OffsetReduce" if expr.sums else "DLT"
+    return "Kernel" if expr.sums else "Elementwise"
+
+
+class Instantiator:
+    """Emits the Relax bindings of one expression tree into a BlockBuilder."""
+
+    def __init__(self, bb: relax.BlockBuilder, values: Dict[str, relax.Expr],
+                 match_ops: Sequence[str] = ("conv2d", "g2bmm", "matmul"),
+                 threshold: float = FLOPS_PER_ELEMENT_THRESHOLD) -> None:
+        self.bb = bb
+        self.values = dict(values)
+        self.match_ops = tuple(match_ops)
+        self.threshold = threshold
+        self.kernels: List[Tuple[str, str]] = []  # (kind, name) in emission order
+        self.placed: Dict[Scope, Placed] = {}
+
+    # -- naming ---------------------------------------------------------------------------
+    def _name(self, stem: str) -> str:
+        taken = set(self.values) | {n for _, n in self.kernels}
+        return stem if stem not in taken else fresh_name(taken, stem + "_")
+
+    def _tensor(self, var: relax.Var, stem: str, shape, dtype) -> Tensor:
+        name = self._name(stem)
+        self.values[name] = var
+        return Tensor(name, tuple(int(s) for s in shape), dtype=dtype)
+
+    # -- expressions -----------------------------------------------------------------------
+    def place(self, expr: Expr, inner_hint: Optional[str] = None) -> Placed:
+        """Instantiate `expr` (and its scopes) and return where its value lives."""
+        expr = self._replace_scopes(expr)
+        window = self._emit_window(expr)
+        if window is not None:
+            return window
+        if arithmetic_intensity(expr) >= self.threshold:
+            for op in self.match_ops:
+                matches = list(MATCHERS[op](expr))
+                matches.sort(key=lambda m: 0 if inner_hint in dict(m.groups).get(
+                    "n", dict(m.groups).get("j", ())) else 1)
+                for m in matches:
+                    placed = getattr(self, f"_emit_{op}")(expr, m)
+                    if placed is not None:
+                        return placed
+        return self._emit_eoperator(expr)
+
+    def _replace_scopes(self, expr: Expr) -> Expr:
+        inner = expr.traversals[-1].name if expr.traversals else None
+        for acc in list(accesses(expr.body)):
+            scope = acc.source
+            if not isinstance(scope, Scope):
+                continue
+            if scope not in self.placed:
+                hint = None
+                for d, idx in enumerate(acc.indices):
+                    if inner is not None and inner in ix.free_vars(idx):
+                        hint = scope.expr.traversals[d].name
+                self.placed[scope] = self.place(scope.expr, hint)
+            placed = self.placed[scope]
+            from ..expr.expression import map_accesses
+
+            body = map_accesses(expr.body, lambda a, s=scope, p=placed: p.read(a.indices, s.pad)
+                                if a.source == s else a)
+            expr = Expr(expr.traversals, expr.sums, body, expr.dtype)
+        return expr
+
+    def _emit_window(self, expr: Expr) -> Optional[Placed]:
+        """A read of a box of one tensor in its own dimension order is a strided_slice."""
+        acc = expr.body
+        if expr.sums or not isinstance(acc, Access) or not isinstance(acc.source, Tensor) \
+                or len(acc.indices) != len(expr.traversals):
+            return None
+        begin, end = [], []
+        for it, idx, n in zip(expr.traversals, acc.indices, acc.source.shape):
+            form = ix.linear_form(idx)
+            if form is None or form[0] != {it.name: 1}:
+                return None
+            lo, hi = it.lo + form[1], it.hi + form[1]
+            if lo < 0 or hi > n:
+                return None
+            begin.append(lo)
+            end.append(hi)
+        value = self.values[acc.source.name]
+        if begin != [0] * len(begin) or end != list(acc.source.shape):
+            axes = list(range(len(begin)))
+            value = self.bb.emit(relax.op.strided_slice(value, axes=axes, begin=begin, end=end))
+        return self._identity(value, expr, "Slice")
+
+    def _identity(self, var: relax.Var, expr: Expr, stem: str) -> Placed:
+        tensor = self._tensor(var, stem, expr.shape, expr.dtype)
+        n = len(expr.traversals)
+        return Placed(var, tensor, tuple(range(n)), tuple(it.lo for it in expr.traversals))
+
+    def _emit_eoperator(self, expr: Expr, kind: Optional[str] = None) -> Placed:
+        kind = kind or eoperator_kind(expr)
+        name = self._name(kind)
+        var = emit_eoperator(self.bb, expr, self.values, name)
+        self.kernels.append(("eOperator", name))
+        return self._identity(var, expr, name)
+
+    def operand(self, access: Access, its: Sequence[Iterator]) -> relax.Expr:
+        """A Relax value V with V[x − lo] = access at x, for x over the iterators `its`.
+
+        A permutation of the source's dimensions when the access is one; a DLT eOperator
+        otherwise."""
+        src = access.source
+        names = [i.name if isinstance(i, ix.IVar) else None for i in access.indices]
+        order = [it.name for it in its]
+        plain = (sorted(n for n in names if n) == sorted(order) and None not in names
+                 and all(it.lo == 0 and it.extent == src.shape[names.index(it.name)]
+                         for it in its))
+        if plain:
+            perm = [names.index(n) for n in order]
+            value = self.values[src.name]
+            if perm != list(range(len(perm))):
+                value = self.bb.emit(relax.op.permute_dims(value, perm))
+            return value
+        dlt = widen_padding(Expr(tuple(its), (), access, access.source.dtype))
+        return self._emit_eoperator(dlt, "DLT").var
+
+    def _reshape(self, value: relax.Expr, shape: Sequence[int]) -> relax.Expr:
+        shape = [int(s) for s in shape]
+        current = getattr(value.ty, "shape", None)
+        if current is not None and [int(s) for s in current] == shape:
+            return value
+        return self.bb.emit(relax.op.reshape(value, shape))
+
+    def _finish(self, expr: Expr, value: relax.Expr, order: Sequence[str], stem: str) -> Placed:
+        its = {it.name: it for it in expr.traversals}
+        shape = [its[n].extent for n in order]
+        value = self._reshape(value, shape)
+        tensor = self._tensor(value, stem, shape, expr.dtype)
+        pos = [it.name for it in expr.traversals]
+        layout = tuple(pos.index(n) for n in order)
+        return Placed(value, tensor, layout, tuple(it.lo for it in expr.traversals))
+
+    # -- operators ------------------------------------------------------------------------
+    def _emit_matmul(self, expr: Expr, m: Match) -> Optional[Placed]:
+        its = {it.name: it for it in expr.iterators}
+        b, mm, nn, kk = (m.group(g) for g in ("b", "m", "n", "k"))
+        ext = lambda group: int(__import__("math").prod(its[n].extent for n in group))
+        x = self.operand(m.x, [its[n] for n in b + mm + kk])
+        y = self.operand(m.y, [its[n] for n in b + kk + nn])
+        lead = [ext(b)] if b else []
+        x = self._reshape(x, lead + [ext(mm), ext(kk)])
+        y = self._reshape(y, lead + [ext(kk), ext(nn)])
+        out = self.bb.emit(relax.op.matmul(x, y))
+        self.kernels.append(("matmul", f"{lead + [ext(mm), ext(kk)]} x {[ext(kk), ext(nn)]}"))
+        return self._finish(expr, out, b + mm + nn, "Matmul")
+
+    def _emit_conv2d(self, expr: Expr, m: Match) -> Optional[Placed]:
+        its = {it.name: it for it in expr.iterators}
+        x, w = m.x, m.y
+        n_grp, f_grp, c_grp = m.group("n"), m.group("f"), m.group("c")
+        spatial = m.attr("spatial")
+        strides, dilation, offsets = m.attr("strides"), m.attr("dilation"), m.attr("offsets")
+        # The data must be a plain permutation of (n..., c..., H, W) with full ranges.
+        dims = {}
+        for d, idx in enumerate(x.indices):
+            if isinstance(idx, ix.IVar):
+                it = its[idx.name]
+                if it.lo != 0 or it.extent != x.source.shape[d]:
+                    return None
+                dims[idx.name] = d
+        order = [dims[n] for n in n_grp + c_grp if n in dims]
+        if len(order) != len(n_grp) + len(c_grp) or len(order) + 2 != len(x.indices):
+            return None
+        order += [d for _, _, d in spatial]
+        data = self.values[x.source.name]
+        if order != list(range(len(order))):
+            data = self.bb.emit(relax.op.permute_dims(data, order))
+        ext = lambda group: int(__import__("math").prod(its[n].extent for n in group))
+        size = [x.source.shape[d] for _, _, d in spatial]
+        data = self._reshape(data, [ext(n_grp), ext(c_grp)] + size)
+        kernel = self.operand(w, [its[n] for n in f_grp + c_grp] + [its[r] for _, r, _ in spatial])
+        kernel = self._reshape(kernel, [ext(f_grp), ext(c_grp)] + [its[r].extent
+                                                                   for _, r, _ in spatial])
+        before, after, out_sizes = [], [], []
+        for (t, r, _), a, b, c, n in zip(spatial, strides, dilation, offsets, size):
+            pb = -(a * its[t].lo + b * its[r].lo + c)
+            if pb < 0:
+                return None
+            ot, kr = its[t].extent, its[r].extent
+            pa = max(0, (ot - 1) * a + b * (kr - 1) + 1 - n - pb)
+            before.append(pb)
+            after.append(pa)
+            out_sizes.append((n + pb + pa - b * (kr - 1) - 1) // a + 1)
+        out = self.bb.emit(relax.op.nn.conv2d(data, kernel, strides=list(strides),
+                                              padding=before + after, dilation=list(dilation)))
+        want = [its[t].extent for t, _, _ in spatial]
+        if out_sizes != want:
+            out = self.bb.emit(relax.op.strided_slice(out, axes=[2, 3], begin=[0, 0], end=want))
+        self.kernels.append(("conv2d", f"{ext(f_grp)}x{ext(c_grp)}x"
+                             f"{'x'.join(str(its[r].extent) for _, r, _ in spatial)}"))
+        return self._finish(expr, out, n_grp + f_grp + tuple(t for t, _, _ in spatial), "Conv2d")
+
+    def _emit_g2bmm(self, expr: Expr, m: Match) -> Optional[Placed]:
+        its = {it.name: it for it in expr.iterators}
+        b, (i,), (j,), k = m.group("b"), m.group("i"), m.group("j"), m.group("k")
+        d = m.attr("dilation")
+        x = self.operand(m.x, [its[n] for n in b + (i,) + k])
+        u = fresh_name(its, "u")
+        back = {i: ix.sub(ix.IVar(u), ix.mul(ix.IVar(j), d))}
+        y_idx = tuple(simplify_index(ix.substitute(e, back)) for e in m.y.indices)
+        if any(j in ix.free_vars(e) for e in y_idx):
+            return None
+        lo, hi = ix.bounds(ix.add(ix.IVar(i), ix.mul(ix.IVar(j), d)), expr.ranges)
+        u_it = Iterator(u, lo, hi + 1)
+        y_its = [its[n] for n in b] + [u_it] + [its[n] for n in k]
+        y_expr = widen_padding(Expr(tuple(y_its), (), Access(m.y.source, y_idx), expr.dtype))
+        y = self._emit_eoperator(y_expr, "DLT").var
+        xt = self._tensor(x, "G2BMM_A", [its[n].extent for n in b + (i,) + k], expr.dtype)
+        yt = self._tensor(y, "G2BMM_B", [it.extent for it in y_its], expr.dtype)
+        shift = lambda e, it: ix.sub(e, it.lo)
+        bv = [shift(its[n].var, its[n]) for n in b]
+        kv = [shift(its[n].var, its[n]) for n in k]
+        body = (Access(xt, tuple(bv + [shift(its[i].var, its[i])] + kv))
+                * Access(yt, tuple(bv + [ix.sub(ix.add(its[i].var, ix.mul(its[j].var, d)), lo)]
+                                   + kv)))
+        kernel = widen_padding(Expr(tuple(its[n] for n in b + (i, j)), tuple(its[n] for n in k),
+                                    body, expr.dtype))
+        placed = self._emit_eoperator(kernel, "G2BMM")
+        self.kernels[-1] = ("g2bmm", placed.tensor.name)
+        pos = [it.name for it in expr.traversals]
+        return Placed(placed.var, placed.tensor, tuple(pos.index(n) for n in b + (i, j)),
+                      tuple(it.lo for it in expr.traversals))
+
+    def output(self, expr: Expr) -> relax.Expr:
+        """The Relax value of `expr` in its own layout (traversal order)."""
+        placed = self.place(expr, expr.traversals[-1].name if expr.traversals else None)
+        inverse = [placed.layout.index(k) for k in range(len(placed.layout))]
+        if inverse == list(range(len(inverse))):
+            return placed.var
+        return self.bb.emit(relax.op.permute_dims(placed.var, inverse))
+
+
+@dataclass(frozen=True)
+class Instantiated:
+    """A Relax module computing an expression, and the kernels it was built from."""
+
+    mod: tvm.IRModule
+    input_names: Tuple[str, ...]
+    kernels: Tuple[Tuple[str, str], ...]
+
+    def count(self, kind: str) -> int:
+        return sum(1 for k, n in self.kernels if k == kind or n.startswith(kind))
+
+
+def instantiate(expr, name: str = "main", **options) -> Instantiated:
+    """A Relax IRModule whose function `name` takes the input tensors (sorted by name) and
+    returns the value of `expr`, or a tuple of values when `expr` is a sequence of expressions
+    (which may share scopes: a shared scope is instantiated once)."""
+    exprs = [expr] if isinstance(expr, Expr) else list(expr)
+    tensors: Dict[str, Tensor] = {}
+    for e in exprs:
+        tensors.update(input_tensors(e))
+    bb = relax.BlockBuilder()
+    params = {n: relax.Var(n, relax.TensorType(t.shape, t.dtype)) for n, t in sorted(tensors.items())}
+    with bb.function(name, list(params.values())):
+        with bb.dataflow():
+            inst = Instantiator(bb, params, **options)
+            outs = [inst.output(e) for e in exprs]
+            out = bb.emit_output(outs[0] if isinstance(expr, Expr) else relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return Instantiated(bb.get(), tuple(params), tuple(inst.kernels))
+
+
+def build(inst: Instantiated, target: str = "llvm"):
+    """Compile with `tvm.compile`; returns a callable(*numpy arrays) -> numpy array."""
+    import numpy as np
+
+    ex = tvm.compile(inst.mod, target=target)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+
+    def run(*arrays):
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a, dtype="float32")) for a in arrays]
+        out = vm["main"](*args)
+        return out.numpy() if hasattr(out, "numpy") else tuple(o.numpy() for o in out)
+
+    return run

@@ -1,0 +1,245 @@
+"""Cost of candidate programs (EinNet §6.1, "delayed code generation").
+
+* A predefined operator (any Relax call: conv2d, matmul, a `call_dps_packed` provider, ...) is
+  timed on the target: compiled once alone in a function with `tvm.compile`, run a few times,
+  median kept. Times are cached on disk under `machine.cache_dir()`, keyed by operator,
+  argument shapes/dtypes, attributes and target, so each distinct call is measured once per
+  machine.
+* An eOperator is estimated, not compiled: bytes moved / the machine's measured copy
+  bandwidth (`machine.profile()`). eOperators are memory-bound by construction (EinNet only
+  makes expressions of arithmetic intensity below 4 into eOperators, `EOP_MAX_INTENSITY`), so
+  traffic is what their time is made of. Unlike the published EinNet, which counts them as
+  free, they are charged here.
+* A program's cost is the sum of its kernels' times, eOperators included.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import machine
+from ..expr.expression import Expr, Scope, accesses, input_tensors, scopes
+
+EOP_MAX_INTENSITY = 4.0  # FLOPs per element moved; EinNet §5's threshold
+CACHE_FILE = "op_times.json"
+_MEMORY: Dict[str, float] = {}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a candidate program and its (measured or estimated) time.
+
+    `name` is the Relax operator ("relax.nn.conv2d"), the packed provider
+    ("tvm_einweld.numpy_gemm") or "eop:<Name>" for an eOperator; `measured` says whether
+    `seconds` was timed (predefined operators) or estimated from traffic (eOperators).
+    """
+
+    name: str
+    seconds: float
+    measured: bool
+
+    @property
+    def is_eop(self) -> bool:
+        return self.name.startswith("eop:")
+
+
+def program_seconds(kernels: Sequence[Kernel]) -> float:
+    """Total estimated time of a program: the sum over its kernels, eOperators included."""
+    return float(sum(k.seconds for k in kernels))
+
+
+# --- eOperators --------------------------------------------------------------------------
+
+def _nbytes(shape: Sequence[int], dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def bytes_moved(expr: Expr) -> int:
+    """Bytes an eOperator reads and writes: every input tensor once, the output once, and
+    every nested scope written and read back once (lowering materialises scopes)."""
+    total = sum(_nbytes(t.shape, t.dtype) for t in input_tensors(expr).values())
+    total += _nbytes(expr.shape, expr.dtype)
+    total += sum(2 * _nbytes(s.shape, s.dtype) for s in set(scopes(expr)))
+    return total
+
+
+def flops(expr: Expr) -> int:
+    """Arithmetic operations of an expression: body operations per point of its iteration
+    space (at least one per point), summed over it and its scopes."""
+    def level(e: Expr) -> int:
+        points = int(np.prod([it.extent for it in e.iterators], dtype=np.int64))
+        ops = max(1, _count_ops(e.body) + (1 if e.sums else 0))
+        return points * ops
+
+    return level(expr) + sum(level(s.expr) for s in set(scopes(expr)))
+
+
+def _count_ops(s) -> int:
+    from ..expr.expression import BinaryOp, UnaryOp
+
+    if isinstance(s, BinaryOp):
+        return 1 + _count_ops(s.lhs) + _count_ops(s.rhs)
+    if isinstance(s, UnaryOp):
+        return 1 + _count_ops(s.arg)
+    return 0
+
+
+def arithmetic_intensity(expr: Expr) -> float:
+    """FLOPs per element moved (EinNet §5's strength analysis)."""
+    itemsize = np.dtype(expr.dtype).itemsize
+    return flops(expr) / max(1, bytes_moved(expr) // itemsize)
+
+
+def is_memory_bound(expr: Expr) -> bool:
+    return arithmetic_intensity(expr) < EOP_MAX_INTENSITY
+
+
+def eop_seconds(expr: Expr) -> float:
+    """Estimated time of `expr` as an eOperator: bytes moved / measured copy bandwidth."""
+    return eop_seconds_from_bytes(bytes_moved(expr))
+
+
+def eop_seconds_from_bytes(nbytes: int) -> float:
+    """Estimated time of a memory-bound kernel that reads and writes `nbytes` in all."""
+    return nbytes / machine.profile().copy_bandwidth
+
+
+def eop_kernel(expr: Expr, name: str) -> Kernel:
+    return Kernel(f"eop:{name}", eop_seconds(expr), False)
+
+
+# --- predefined operators ------------------------------------------------------------------
+
+def _describe_arg(arg) -> str:
+    from tvm import relax
+
+    if isinstance(arg, relax.ExternFunc):
+        return f"extern:{arg.global_symbol}"
+    if isinstance(arg, relax.Tuple):
+        return "(" + ",".join(_describe_arg(f) for f in arg.fields) + ")"
+    ty = getattr(arg, "ty", None)
+    if isinstance(ty, relax.TensorType):
+        return f"{ty.dtype}{list(_static(ty))}"
+    return str(arg)
+
+
+def _static(ty) -> Tuple[int, ...]:
+    return tuple(int(v) for v in ty.shape.values)
+
+
+def call_key(call, target: str) -> str:
+    """Cache key: operator, argument shapes/dtypes, attributes, output type, target."""
+    from tvm import relax
+
+    op = getattr(call.op, "name", str(call.op))
+    args = ",".join(_describe_arg(a) for a in call.args)
+    attrs = " ".join(str(call.attrs).split()) if call.attrs is not None else ""
+    out = " ".join(str(list(call.ty_args)).split()) if len(call.ty_args) else ""
+    return f"{target}|{op}|{args}|{attrs}|{out}"
+
+
+def _load_cache() -> Dict[str, float]:
+    path = machine.cache_dir() / CACHE_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(key: str, seconds: float) -> None:
+    stored = _load_cache()  # re-read: other processes may have added entries
+    stored[key] = seconds
+    path = machine.cache_dir() / CACHE_FILE
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(stored, fh, indent=0, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def single_call_module(call):
+    """An IRModule whose `main` computes only `call`; the variables it reads (directly or in
+    a tuple, as `call_dps_packed` passes them) become parameters, constants stay constants."""
+    from tvm import relax
+
+    params: Dict[object, object] = {}
+
+    def rebuild(arg):
+        if isinstance(arg, relax.Var):
+            if arg not in params:
+                ty = arg.ty
+                if not isinstance(ty, relax.TensorType):
+                    raise NotImplementedError(f"timing a call that reads {arg.name}: {ty}")
+                params[arg] = relax.Var(f"arg{len(params)}", relax.TensorType(_static(ty),
+                                                                               ty.dtype))
+            return params[arg]
+        if isinstance(arg, relax.Tuple):
+            return relax.Tuple([rebuild(f) for f in arg.fields])
+        return arg
+
+    new_call = relax.Call(call.op, [rebuild(a) for a in call.args], call.attrs,
+                          list(call.ty_args))
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(params.values())):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(new_call))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def measure_call(call, target: str = "llvm", repeats: int = 5) -> float:
+    """Median seconds of `call` compiled alone for `target` and run on random inputs."""
+    return measure_module(single_call_module(call), target, repeats)
+
+
+def measure_module(mod, target: str = "llvm", repeats: int = 5) -> float:
+    """Median seconds of `mod["main"]` compiled for `target`, on random inputs in [-1, 1]."""
+    import tvm
+    from tvm import relax
+
+    dev = tvm.device(tvm.target.Target(target).get_target_device_type(), 0)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), dev)
+    rng = np.random.default_rng(0)
+    args = []
+    for p in mod["main"].params:
+        arr = rng.uniform(-1, 1, _static(p.ty)).astype(str(p.ty.dtype))
+        args.append(tvm.runtime.tensor(arr, dev))
+    fn = vm["main"]
+    return machine.median_seconds(lambda: fn(*args), repeats=repeats, min_time=0.01)
+
+
+def time_call(call, target: str = "llvm") -> float:
+    """Measured seconds of one Relax call on `target`, cached in memory and on disk.
+
+    `call`'s tensor arguments must have static shapes (variables of a normalised function,
+    or constants).
+    """
+    key = call_key(call, target)
+    if key in _MEMORY:
+        return _MEMORY[key]
+    stored = _load_cache()
+    if key in stored:
+        _MEMORY[key] = float(stored[key])
+        return _MEMORY[key]
+    seconds = measure_call(call, target)
+    _MEMORY[key] = seconds
+    _store(key, seconds)
+    return seconds
+
+
+def op_kernel(call, target: str = "llvm", name: Optional[str] = None) -> Kernel:
+    """The timed kernel of a predefined operator call."""
+    if name is None:
+        name = getattr(call.op, "name", str(call.op))
+        if name == "relax.call_dps_packed":
+            name = str(call.args[0].global_symbol)
+    return Kernel(name, time_call(call, target), True)
+
+
+__all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_intensity",
+           "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes", "eop_kernel", "measure_module", "call_key", "time_call",
+           "measure_call", "op_kernel", "single_call_module", "EOP_MAX_INTENSITY"]
