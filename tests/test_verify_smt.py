@@ -4,7 +4,7 @@ import itertools
 import pytest
 import z3
 
-from tvm_einweld.expr import Constant, Iterator, Tensor, unary
+from tvm_einweld.expr import Constant, Iterator, Scope, Tensor, unary
 from tvm_einweld.expr import index as ix
 from tvm_einweld.expr.expression import Expr
 from tvm_einweld.expr.index import IVar
@@ -201,3 +201,23 @@ def test_proof_result_is_frozen_and_validated():
         res.status = "refuted"  # type: ignore[misc]
     with pytest.raises(ValueError):
         ProofResult("maybe", "x")
+
+
+def test_constant_region_through_a_scope():
+    """S = L_{h∈[-1,7)} A[h] (A zero-padded) is zero at h = -1 inside its own data range;
+    relu(S[t]) · 3 on t = -1 is then zero one level down, which the proof follows."""
+    A = Tensor("A", (6,), pad=((1, 1),))
+    h, t = Iterator("h", -1, 7), Iterator("t", -1, 7)
+    inner = Expr((h,), (), A[h.var] * 2)
+    outer = Expr((t,), (), unary("relu", Scope(inner)[t.var]) * 3)
+    assert prove_constant_region(outer, {"t": (-1, 0)}).proven
+    assert prove_constant_region(outer, {"t": (6, 7)}).proven
+    assert prove_constant_region(outer, {"t": (5, 7)}).status == "refuted"
+    # A summed scope: Σ_c B[c, h] with B padded in h; zero where every term reads padding.
+    B = Tensor("B", (2, 4), pad=((0, 0), (2, 0)))
+    c, h2 = Iterator("c", 0, 2), Iterator("h", -2, 4)
+    summed = Scope(Expr((h2,), (c,), B[c.var, h2.var]))
+    u = Iterator("u", 0, 6)
+    shifted = Expr((u,), (), summed[u.var - 2])
+    assert prove_constant_region(shifted, {"u": (0, 2)}).proven
+    assert prove_constant_region(shifted, {"u": (0, 3)}).status == "refuted"

@@ -21,7 +21,9 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import z3
 
 from ..expr import index as ix
-from ..expr.expression import Access, BinaryOp, Constant, Expr, Iterator, Scalar, UnaryOp
+from ..expr.expression import (
+    Access, BinaryOp, Constant, Expr, Iterator, Scalar, Scope, UnaryOp,
+)
 from ..expr.index import IndexExpr
 
 STATUSES = ("proven", "refuted", "unknown")
@@ -311,7 +313,9 @@ def prove_constant_region(
     The proof is structural and input-independent: expanding the body into a sum of products,
     every product must contain a factor that is zero on the whole region: a constant 0, an
     access whose index lies, at every region point, in the zero padding of its source (proved
-    by z3), or f(u) with f(0) = 0 (relu, tanh, neg, abs, sqrt) and u zero. The recursion below
+    by z3) or, for a scope, in padding or at points where the scope's body is zero (the same
+    proof one level down), or f(u) with f(0) = 0 (relu, tanh, neg, abs, sqrt) and u zero.
+    The recursion below
     decides exactly that without expanding (a product is zero when one factor is, a sum when
     all terms are). When the structure does not prove it, a concrete evaluation of the body
     on random inputs over the region may still refute it; otherwise the answer is "unknown".
@@ -322,8 +326,7 @@ def prove_constant_region(
     if value != 0.0:
         return ProofResult("unknown", f"{what}: only the constant 0 is supported", None,
                            deadline.elapsed())
-    space = _Space(box)
-    failure = _zero_on(expr.body, space, deadline)
+    failure = _zero_on(expr.body, _Region.of_box(box), deadline)
     if failure is None:
         return ProofResult("proven", what, None, deadline.elapsed())
     reason, timed_out = failure
@@ -352,43 +355,84 @@ def _region_box(expr: Expr, region: Mapping[str, Tuple[int, int]]) -> Tuple[Iter
     return tuple(box)
 
 
-def _zero_on(s: Scalar, space: _Space, deadline: _Deadline) -> Optional[Tuple[str, bool]]:
-    """None if `s` is zero on the whole box, else (why not, whether z3 ran out of time)."""
+class _Region:
+    """The points at which a body must be zero: z3 terms for its iterators plus assumptions.
+
+    The top level is a box. Inside a scope the region is the set of scope points read from the
+    outer region (scope traversal = the outer index, summation iterators in range), so zero-ness
+    can be followed through materialised scopes.
+    """
+
+    def __init__(self, env: Mapping[str, z3.ArithRef], assumptions: z3.BoolRef) -> None:
+        self.env, self.assumptions = dict(env), assumptions
+
+    @staticmethod
+    def of_box(box: Sequence[Iterator]) -> "_Region":
+        space = _Space(box)
+        return _Region(space.env, space.inside())
+
+    def term(self, e: IndexExpr) -> z3.ArithRef:
+        return to_z3(e, self.env)
+
+    def inside_scope(self, scope: Scope, indices: Sequence[z3.ArithRef],
+                     in_data: z3.BoolRef, depth: int) -> "_Region":
+        """Region of `scope`'s body at the (non-padding) points `indices` read."""
+        inner = scope.expr
+        env = {it.name: z3.Int(f"scope{depth}!{it.name}") for it in inner.iterators}
+        facts = [self.assumptions, in_data]
+        facts += [env[it.name] == t for it, t in zip(inner.traversals, indices)]
+        facts += [z3.And(env[it.name] >= it.lo, env[it.name] < it.hi) for it in inner.sums]
+        return _Region(env, z3.And(facts))
+
+    def point(self, model: z3.ModelRef) -> Dict[str, int]:
+        return {name: model.eval(v, model_completion=True).as_long()
+                for name, v in self.env.items()}
+
+
+def _zero_on(s: Scalar, region: _Region, deadline: _Deadline,
+             depth: int = 0) -> Optional[Tuple[str, bool]]:
+    """None if `s` is zero on the whole region, else (why not, whether z3 ran out of time)."""
     if isinstance(s, Constant):
         return None if s.value == 0.0 else (f"constant {s} is not zero", False)
     if isinstance(s, Access):
-        return _reads_padding(s, space, deadline)
+        return _zero_access(s, region, deadline, depth)
     if isinstance(s, UnaryOp):
         if s.fn not in ZERO_PRESERVING:
             return (f"{s.fn}(0) ≠ 0, so {s} is not zero", False)
-        return _zero_on(s.arg, space, deadline)
+        return _zero_on(s.arg, region, deadline, depth)
     if isinstance(s, BinaryOp):
-        left = _zero_on(s.lhs, space, deadline)
+        left = _zero_on(s.lhs, region, deadline, depth)
         if s.op == "*":
             if left is None:
                 return None
-            right = _zero_on(s.rhs, space, deadline)
+            right = _zero_on(s.rhs, region, deadline, depth)
             if right is None:
                 return None
             return (f"neither factor of {s} is zero ({left[0]}; {right[0]})",
                     left[1] or right[1])
         if left is not None:
             return left
-        return _zero_on(s.rhs, space, deadline)
+        return _zero_on(s.rhs, region, deadline, depth)
     raise TypeError(f"unknown scalar node {type(s).__name__}")
 
 
-def _reads_padding(a: Access, space: _Space, deadline: _Deadline) -> Optional[Tuple[str, bool]]:
+def _zero_access(a: Access, region: _Region, deadline: _Deadline,
+                 depth: int) -> Optional[Tuple[str, bool]]:
+    """An access is zero where its index lies in the source's zero padding, or (for a scope)
+    where the scope's own body is zero at the point read."""
     src = a.source
-    outside = [
-        z3.Or(t < o, t >= o + n)
-        for t, o, n in zip((space.term(i) for i in a.indices), src.origin, src.shape)
-    ]
-    status, info = _find_violation(space.inside(), z3.Or(outside), deadline)
+    terms = [region.term(i) for i in a.indices]
+    in_padding = z3.Or([z3.Or(t < o, t >= o + n)
+                        for t, o, n in zip(terms, src.origin, src.shape)])
+    status, info = _find_violation(region.assumptions, in_padding, deadline)
     if status == "proven":
         return None
+    if isinstance(src, Scope):
+        inner = region.inside_scope(src, terms, z3.Not(in_padding), depth + 1)
+        if _zero_on(src.expr.body, inner, deadline, depth + 1) is None:
+            return None
     if status == "refuted":
-        return (f"{a} reads data at {space.point(info)}", False)
+        return (f"{a} reads data, not padding, at {region.point(info)}", False)
     return (f"z3 could not decide whether {a} reads only padding ({info})", True)
 
 
