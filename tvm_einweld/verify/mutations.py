@@ -9,7 +9,8 @@ side conditions the rule relies on. The correct rewrites:
 The planted faults, one change each: an off-by-one offset, a wrong stride, a wrong padding (an
 asymmetric conv padding, and a tightened border that is not zero), a dropped summation range
 element, kernel iterators r and s swapped (equal ranges, so shapes cannot catch it), a
-non-bijective substitution, relu moved across an add, and relu turned into tanh.
+non-bijective substitution, relu moved across an add, relu turned into tanh, and a rewrite
+tailored to TASO's fixed stand-in (only exact screening, with random stand-ins, catches it).
 
 `python -m tvm_einweld verify` runs the suite; tests/test_verify_mutations.py asserts it.
 """
@@ -24,6 +25,9 @@ from ..expr.canonical import needed_padding
 from ..expr.expression import Access, Expr, Iterator, Scope, Tensor, accesses, unary
 from . import Verdict, verify_rewrite
 from .smt import ProofResult, prove_bijection, prove_constant_region, prove_image_within
+
+
+TAILORED = "rewrite tailored to the test stand-in"
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,10 @@ def _activation_cases() -> Tuple[RewriteCase, ...]:
                     Expr(its, (), unary("relu", read)), Expr(its, (), unary("relu", derived))),
         RewriteCase("wrong activation: relu(conv) → tanh(conv)", False,
                     Expr(its, (), unary("relu", read)), Expr(its, (), unary("tanh", read))),
+        # Equal under TASO's fixed stand-in, so float testing passes it; exact screening
+        # draws random stand-in coefficients and rejects it.
+        RewriteCase(TAILORED + ": x·(x+1)+1 → relu(x)", False,
+                    Expr((i, j), (), x * (x + 1) + 1), Expr((i, j), (), unary("relu", x))),
     )
 
 
@@ -205,5 +213,5 @@ def run_suite(cases: Sequence[RewriteCase] = ()) -> Tuple[Tuple[RewriteCase, Ver
     return tuple((case, case.verify()) for case in (cases or suite()))
 
 
-__all__ = ["RewriteCase", "conv_offset_reduce", "reads_within_padding", "boundary_tightening",
+__all__ = ["RewriteCase", "TAILORED", "conv_offset_reduce", "reads_within_padding", "boundary_tightening",
            "split_summation", "suite", "run_suite"]

@@ -140,11 +140,14 @@ def compare_expressions(
     tensors, why = shared_tensors(a, b)
     if mismatch or tensors is None:
         return failed(mismatch or why)
-    if polynomial_nonlinear:
-        a, b = Arithmetizer().expr(a), Arithmetizer().expr(b)
+    stand_ins = Arithmetizer() if polynomial_nonlinear else None
+    if stand_ins is not None:
+        a, b = stand_ins.expr(a), stand_ins.expr(b)
     pairs = []
     for trial in range(trials):
         inputs = draw(tensors, seed + trial)
+        if stand_ins is not None:
+            inputs.update(stand_ins.arrays(seed + trial))
         try:
             pairs.append((f"trial {trial}", evaluate(a, inputs), evaluate(b, inputs)))
         except EvaluationError as err:

@@ -6,8 +6,9 @@ operation is exact: two polynomials in the inputs that differ agree on a random 
 probability at most deg/p (Schwartz–Zippel), about 1e-8 per draw for p ≈ 2^31 and small
 degree, and several independent draws push that further down. Multilinear rewrites (all of
 tensor algebra without non-linear functions) are therefore decided exactly, up to that
-probability. Non-linear functions are replaced by polynomial stand-ins and rational
-constants by their residues (`stand_ins.py`), identically on both sides.
+probability. Non-linear functions are replaced by polynomials with random coefficients,
+drawn afresh in every draw, and rational constants by their residues (`stand_ins.py`),
+identically on both sides.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def screen_modular(
     a_int, b_int = constants.expr(a), constants.expr(b)
     mismatches, first = 0, ""
     for k in range(draws):
-        inputs = {**draw(tensors, seed + k, modulus), **constants.arrays()}
+        inputs = {**draw(tensors, seed + k, modulus), **constants.arrays(seed + k)}
         try:
             va = evaluate(a_int, inputs, modulus=modulus)
             vb = evaluate(b_int, inputs, modulus=modulus)
