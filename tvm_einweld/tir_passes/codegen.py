@@ -1,0 +1,193 @@
+"""Code generation for a tiled sub-graph (Welder §3.3, §4.2): one PrimFunc per group.
+
+1. `group_prim_func` merges the nodes' PrimFuncs into one (stock `FuseTIR` over a Relax function
+   marked Primitive that calls them in order); intermediates become root-allocated buffers.
+2. `schedule_group` tiles the output block by the planned output tile, computes every producer at
+   the tile loop (`compute_at`, which derives the same regions as tile propagation), and maps the
+   tile loop to the device: a parallel loop with vectorised inner loops on CPU, `blockIdx.x` with
+   `threadIdx.x` inner loops on CUDA.
+3. `LocalizeIntermediates` (localize.py) turns the global intermediates into tile buffers.
+
+A pattern the schedule primitives reject raises `Unsupported`; the caller leaves it unfused.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import tvm
+from tvm import relax, s_tir, tirx
+
+from .device import Device
+from .localize import localize
+from .tile_graph import SubGraph, TileGraph
+
+
+class Unsupported(RuntimeError):
+    """The group cannot be generated as one tiled kernel; it stays as it was."""
+
+
+def group_prim_func(graph: TileGraph, sub: SubGraph) -> tirx.PrimFunc:
+    """One PrimFunc computing `sub`: params are sub.inputs then the output."""
+    mod = tvm.IRModule({n.gvar: n.func for n in sub.nodes})
+    bb = relax.BlockBuilder(mod)
+    params = {t: relax.Var(t, _tensor_type(graph, t)) for t in sub.inputs}
+    values = dict(params)
+    with bb.function("tile_group", list(params.values()), attrs={"Primitive": True},
+                     private=True):
+        with bb.dataflow():
+            for node in sub.nodes:
+                call = relax.call_tir(node.gvar, [values[t] for t in node.inputs],
+                                      _tensor_type(graph, node.output))
+                emit = bb.emit_output if node is sub.nodes[-1] else bb.emit
+                values[node.output] = emit(call)
+        bb.emit_func_output(values[sub.output])
+    group = bb.get()
+    caller = relax.BlockBuilder(group)
+    args = [relax.Var(t, _tensor_type(graph, t)) for t in sub.inputs]
+    with caller.function("main", args):
+        with caller.dataflow():
+            out = caller.emit_output(relax.Call(group.get_global_var("tile_group"), args))
+        caller.emit_func_output(out)
+    fused = relax.transform.FuseTIR()(caller.get())
+    main = fused["main"]
+    call = main.body.blocks[0].bindings[0].value
+    func = fused[call.args[0]]
+    return func.with_attr("tirx.noalias", True)
+
+
+def _tensor_type(graph: TileGraph, name: str) -> relax.TensorType:
+    tensor = graph.tensors[name]
+    return relax.TensorType(tensor.shape, tensor.dtype)
+
+
+def _writes_output(block, out_buffer) -> bool:
+    return any(w.source.same_as(out_buffer) for w in block.writes)
+
+
+def schedule_group(func: tirx.PrimFunc, tile, device: Device,
+                   planned_bytes: Mapping[str, int] | None = None) -> tirx.PrimFunc:
+    """Tile `func`'s output by `tile`, compute producers at the tile loop, map to the device."""
+    sch = s_tir.Schedule(func)
+    out_buffer = func.params[-1]
+    rvs = _leaf_block_rvs(sch)
+    writers = [rv for rv in rvs if _writes_output(sch.get(rv), out_buffer)]
+    if len(writers) != 1 or not writers[0].same_as(rvs[-1]):
+        raise Unsupported("the output must be written by the last block only")
+    out_rv = rvs[-1]
+    try:
+        tile_loop = _tile_output(sch, out_rv, out_buffer, tile)
+        for rv in reversed(rvs[:-1]):
+            sch.compute_at(rv, tile_loop, preserve_unit_loops=True)
+        outer = sch.get_loops(out_rv)[: len(tile)]
+        tile_loop = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        depth = 1  # the fused tile loop is the outermost loop of every block
+        if device.kind == "cpu":
+            sch.parallel(tile_loop)
+            for rv in _leaf_block_rvs(sch):
+                _vectorize_inner(sch, rv, depth)
+        else:
+            sch.bind(tile_loop, "blockIdx.x")
+            for rv in _leaf_block_rvs(sch):
+                _bind_threads(sch, rv, depth, device.threads)
+    except (RuntimeError, ValueError) as err:  # ScheduleError and FFI errors
+        raise Unsupported(f"schedule primitive failed: {str(err).splitlines()[0]}") from err
+    scope = "local" if device.kind == "cpu" else "shared"
+    return localize(sch.mod["main"], scope, planned_bytes)
+
+
+def _leaf_block_rvs(sch):
+    out = []
+
+    def visit(rv):
+        for child in sch.get_child_blocks(rv):
+            if len(sch.get_child_blocks(child)):
+                visit(child)
+            else:
+                out.append(child)
+
+    visit(sch.get_sblock("root"))
+    return out
+
+
+def _tile_output(sch, out_rv, out_buffer, tile):
+    """Split the output block's spatial loops by `tile`; return the innermost tile loop."""
+    block = sch.get(out_rv)
+    loops = sch.get_loops(out_rv)
+    ndim = len(out_buffer.shape)
+    if ndim == 0:
+        raise Unsupported(f"block {block.name_hint}: a scalar output has nothing to tile")
+    write = [w for w in block.writes if w.source.same_as(out_buffer)][0]
+    spatial = [iv for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    # Legalized blocks bind iteration variables to loops in order (T.axis.remap): check that the
+    # output is indexed by the first ndim of them, in order, one per loop.
+    if len(loops) != len(block.iter_vars) or len(spatial) < ndim:
+        raise Unsupported(f"block {block.name_hint}: loops do not map to output dimensions")
+    for rng, iv, loop in zip(write.region, block.iter_vars[:ndim], loops[:ndim]):
+        if not (rng.min.same_as(iv.var) and iv.iter_type == tirx.IterVar.DataPar
+                and int(sch.get(loop).extent) == int(iv.dom.extent)):
+            raise Unsupported(f"block {block.name_hint}: output not indexed by its loops")
+    outers, inners = [], []
+    for loop, size in zip(loops[:ndim], tile):
+        outer, inner = sch.split(loop, [None, int(size)])
+        outers.append(outer)
+        inners.append(inner)
+    sch.reorder(*outers, *inners)
+    return outers[-1]
+
+
+def _split_loops(sch, rv, depth):
+    """The block's loops below the tile loop, as (spatial, reduction) lists."""
+    loops = sch.get_loops(rv)[depth:]
+    kinds = _loop_kinds(sch, rv)[depth:]
+    return ([l for l, k in zip(loops, kinds) if k == "S"],
+            [l for l, k in zip(loops, kinds) if k == "R"])
+
+
+def _loop_kinds(sch, rv):
+    """'S' or 'R' per loop of a block: does the loop feed a reduction iteration variable?"""
+    realize = _get_realize(sch, rv)
+    loop_vars = [sch.get(l).loop_var for l in sch.get_loops(rv)]
+    kinds = ["S"] * len(loop_vars)
+    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+        if iv.iter_type != tirx.IterVar.CommReduce:
+            continue
+        used = tvm.tirx.analysis.undefined_vars(value, [])
+        for i, var in enumerate(loop_vars):
+            if any(var.same_as(u) for u in used):
+                kinds[i] = "R"
+    return kinds
+
+
+_get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
+
+
+def _vectorize_inner(sch, rv, depth) -> None:
+    """CPU: reductions outside the innermost spatial loop, which is vectorised."""
+    spatial, reduce = _split_loops(sch, rv, depth)
+    if not spatial:
+        return
+    inner = spatial[-1]
+    if reduce:
+        sch.reorder(*spatial[:-1], *reduce, inner)
+    extent = int(sch.get(inner).extent)
+    lanes = next((v for v in (16, 8, 4) if extent % v == 0), 0)
+    if lanes:
+        if extent > lanes:
+            _, inner = sch.split(inner, [None, lanes])
+        sch.vectorize(inner)
+    if reduce:  # after vectorising, as MetaSchedule's postprocessors do
+        sch.decompose_reduction(rv, reduce[0])
+
+
+def _bind_threads(sch, rv, depth, threads: int) -> None:
+    """CUDA: the spatial loops of a block under the tile loop run on threadIdx.x."""
+    spatial, reduce = _split_loops(sch, rv, depth)
+    if not spatial:
+        raise Unsupported("a block without spatial loops under the tile loop")
+    if reduce:
+        sch.reorder(*spatial, *reduce)
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    _, thread = sch.split(fused, [None, threads])
+    sch.bind(thread, "threadIdx.x")
+    if reduce:  # init outside the reduction loop: no barrier per reduction step
+        sch.decompose_reduction(rv, reduce[0])

@@ -1,0 +1,188 @@
+"""MemTraffic and MemFootprint of a tiled sub-graph (Welder §3.1, §4.1).
+
+`propagate_subgraph` runs tile propagation through the nodes of a sub-graph (last node first) and
+records, for one output tile, the tile of every tensor and of every buffer internal to a node.
+
+* Traffic: one tile reads its input tiles from the level below and writes its output tile there;
+  connected intermediates never leave the fast level. Each tile region is counted in whole
+  transactions of the lower level (a row that is not contiguous costs its own transactions), and
+  the sum is multiplied by the number of tiles.
+* Footprint: every tile that is live at the fast level (inputs, intermediates, node-internal
+  buffers, output), allocated best-fit in topological order with alignment; inputs that carry a
+  reduction are streamed in steps of `rstep` along it.
+* Parallelism: a tile count that leaves parallel units idle in the last wave inflates the traffic
+  by the inverse of the utilisation, so that tiles too large to keep the device busy lose.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .device import Device
+from .propagate import Propagator
+from .tile_graph import SubGraph, TileGraph
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """An output tile of a sub-graph and the reduction step used for its footprint."""
+
+    tile: tuple[int, ...]
+    rstep: int | None = None
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """Propagated tile shapes of a sub-graph for one TileConfig."""
+
+    config: TileConfig
+    num_tiles: int
+    tiles: dict  # tensor name -> tile extents (full reduction)
+    step_tiles: dict  # tensor name -> tile extents with reduction steps of config.rstep
+    internal: tuple  # (node index, buffer name, extents, dtype) of buffers inside node funcs
+
+
+@dataclass(frozen=True)
+class TileCost:
+    traffic: int
+    footprint: int
+    num_tiles: int
+    utilization: float
+
+    @property
+    def score(self) -> float:
+        """Traffic penalised by idle parallel units: what the scheduler ranks by."""
+        return self.traffic / self.utilization
+
+
+def _count_tiles(shape, tile) -> int:
+    return int(np.prod([-(-int(s) // int(t)) for s, t in zip(shape, tile)], dtype=np.int64))
+
+
+def propagate_subgraph(graph: TileGraph, sub: SubGraph, config: TileConfig) -> TilePlan:
+    """Propagate(g, tile): tile of every tensor and node-internal buffer of `sub`."""
+    out = graph.tensors[sub.output]
+    tiles, internal = _propagate(graph, sub, config.tile, None)
+    step_tiles = tiles if config.rstep is None else _propagate(graph, sub, config.tile,
+                                                               config.rstep)[0]
+    return TilePlan(config, _count_tiles(out.shape, config.tile), tiles, step_tiles, internal)
+
+
+def _propagate(graph, sub, tile, rstep):
+    out = graph.tensors[sub.output]
+    prop = Propagator(out.shape, tile)
+    regions = {sub.output: prop.out_region}
+    tiles: dict[str, tuple[int, ...]] = {}
+    internal = []
+    for index in range(len(sub.nodes) - 1, -1, -1):
+        node = sub.nodes[index]
+        func = node.func
+        if node.output not in regions:
+            raise ValueError(f"node {node.name} does not contribute to the output of its group")
+        need = prop.propagate_func(func, func.params[-1], regions[node.output], rstep)
+        params = list(func.params[:-1])
+        for buffer, region in need.items():
+            if buffer in params:
+                tensor = node.inputs[params.index(buffer)]
+                regions[tensor] = prop.union(regions.get(tensor), region)
+            elif not buffer.same_as(func.params[-1]):
+                shape = [int(s) for s in buffer.shape]
+                internal.append((index, buffer.name, prop.extent(region, shape),
+                                 str(buffer.dtype)))
+    for tensor, region in regions.items():
+        tiles[tensor] = prop.extent(region, graph.tensors[tensor].shape)
+    return tiles, tuple(internal)
+
+
+def transfer_bytes(extents, shape, itemsize: int, transaction: int) -> int:
+    """Bytes moved for one tile region, in whole transactions of contiguous runs."""
+    run = 1
+    dim = len(shape) - 1
+    while dim >= 0:
+        run *= int(extents[dim])
+        full = int(extents[dim]) == int(shape[dim])
+        dim -= 1
+        if not full:
+            break
+    rows = int(np.prod([int(e) for e in extents[: dim + 1]], dtype=np.int64))
+    return rows * math.ceil(run * itemsize / transaction) * transaction
+
+
+def mem_traffic(graph: TileGraph, sub: SubGraph, plan: TilePlan, device: Device,
+                level: int = 0) -> int:
+    """MemTraffic: bytes between `level` and the level above it for the whole output."""
+    txn = device.level(level).transaction
+    per_tile = 0
+    for tensor in (*sub.inputs, sub.output):
+        meta = graph.tensors[tensor]
+        if tensor not in plan.tiles:
+            continue  # an input the output does not depend on
+        per_tile += transfer_bytes(plan.tiles[tensor], meta.shape,
+                                   np.dtype(meta.dtype).itemsize, txn)
+    return per_tile * plan.num_tiles
+
+
+def _align(size: int, alignment: int) -> int:
+    return -(-size // alignment) * alignment
+
+
+def best_fit(buffers, alignment: int = 64) -> int:
+    """Peak bytes of a best-fit allocation of (size, first step, last step) buffers.
+
+    Buffers are placed in order of their first step; a freed range is reused by the smallest
+    gap that fits, as in Welder's shared-memory planner.
+    """
+    live: list[tuple[int, int, int]] = []  # (offset, size, last step)
+    peak = 0
+    for size, first, last in sorted(buffers, key=lambda b: (b[1], -b[0])):
+        size = _align(int(size), alignment)
+        live = [b for b in live if b[2] >= first]
+        live.sort()
+        best = None
+        cursor = 0
+        for offset, used, _ in live:
+            gap = offset - cursor
+            if gap >= size and (best is None or gap < best[1]):
+                best = (cursor, gap)
+            cursor = max(cursor, offset + used)
+        offset = best[0] if best else cursor
+        live.append((offset, size, last))
+        peak = max(peak, offset + size)
+    return peak
+
+
+def mem_footprint(graph: TileGraph, sub: SubGraph, plan: TilePlan, device: Device) -> int:
+    """MemFootprint: bytes of all tiles live at once at the fuse level (best-fit)."""
+    last_step = len(sub.nodes)
+    first_use: dict[str, int] = {}
+    last_use: dict[str, int] = {}
+    for step, node in enumerate(sub.nodes):
+        for tensor in node.inputs:
+            first_use.setdefault(tensor, step)
+            last_use[tensor] = step
+    buffers = []
+    for tensor, extents in plan.step_tiles.items():
+        nbytes = int(np.prod(extents, dtype=np.int64)) * np.dtype(graph.tensors[tensor].dtype).itemsize
+        if tensor == sub.output:
+            buffers.append((nbytes, last_step - 1, last_step))
+        elif tensor in sub.inputs:
+            buffers.append((nbytes, first_use[tensor], last_use[tensor]))
+        else:
+            produced = next(i for i, n in enumerate(sub.nodes) if n.output == tensor)
+            buffers.append((nbytes, produced, last_use[tensor]))
+    for step, _, extents, dtype in plan.internal:
+        buffers.append((int(np.prod(extents, dtype=np.int64)) * np.dtype(dtype).itemsize,
+                        step, step))
+    return best_fit(buffers, device.level(device.fuse_level).transaction)
+
+
+def tile_cost(graph: TileGraph, sub: SubGraph, config: TileConfig, device: Device) -> TileCost:
+    """Propagate a tile through `sub` and price it: traffic, footprint, parallel utilisation."""
+    plan = propagate_subgraph(graph, sub, config)
+    units = device.parallel_units
+    waves = -(-plan.num_tiles // units)
+    utilization = plan.num_tiles / (waves * units)
+    return TileCost(mem_traffic(graph, sub, plan, device), mem_footprint(graph, sub, plan, device),
+                    plan.num_tiles, utilization)

@@ -1,0 +1,212 @@
+"""Abstract accelerator of the Welder paper (§3.3, Table 1): a stack of memory levels.
+
+Level 0 is the slowest, largest memory (DRAM / GPU global memory); higher indices are faster and
+smaller (CPU L2 and L1, GPU shared memory and registers). The scheduler only needs, per level,
+its capacity (what one tile-graph may keep live there), its transaction width (the granularity at
+which traffic is counted) and its bandwidth (to turn traffic into an estimated time).
+
+`cpu_device()` reads the cache sizes of this machine from sysfs and measures the bandwidths once
+with numpy, caching the figures on disk; the CUDA descriptions are static data sheets, so they can
+be built on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+
+def cache_dir() -> Path:
+    """Where measured device figures are kept ($TVM_EINWELD_CACHE or ~/.cache/tvm_einweld)."""
+    return Path(os.environ.get("TVM_EINWELD_CACHE", Path.home() / ".cache" / "tvm_einweld"))
+
+
+@dataclass(frozen=True)
+class MemoryLevel:
+    """One level of the memory hierarchy.
+
+    `capacity` is in bytes and is what one parallel unit may use (per core for CPU caches, per
+    thread block for GPU shared memory); `bandwidth` is in bytes/s for the whole device.
+    """
+
+    name: str
+    capacity: int
+    transaction: int
+    bandwidth: float
+
+
+@dataclass(frozen=True)
+class Device:
+    """A memory hierarchy plus the number of units that run tiles in parallel.
+
+    `kind` is "cpu" or "cuda"; `fuse_level` is the level at which connected intermediates are kept
+    by the code generator (CPU: the per-core cache a tile's scratch buffer lives in; CUDA: shared
+    memory). `threads` is the CUDA thread-block size used by the code generator (1 on CPU).
+    """
+
+    name: str
+    kind: str
+    levels: tuple[MemoryLevel, ...]
+    parallel_units: int
+    fuse_level: int
+    threads: int = 1
+
+    def level(self, index: int) -> MemoryLevel:
+        return self.levels[index]
+
+
+# ---------------------------------------------------------------------------------------- CPU
+def _sysfs_caches(cpu: int = 0) -> dict[int, tuple[int, int]]:
+    """{cache level: (size in bytes, line size)} for data/unified caches of one core."""
+    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
+    caches: dict[int, tuple[int, int]] = {}
+    for index in sorted(root.glob("index*")):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            size_text = (index / "size").read_text().strip()
+            line = int((index / "coherency_line_size").read_text())
+        except (OSError, ValueError):
+            continue
+        unit = {"K": 1024, "M": 1024 * 1024}.get(size_text[-1], 1)
+        size = int(size_text.rstrip("KM")) * unit
+        # A cache shared by several cores gives each of them a share only.
+        try:
+            shared = (index / "shared_cpu_list").read_text().strip()
+            sharers = _count_cpus(shared)
+        except OSError:
+            sharers = 1
+        caches[level] = (size // max(1, sharers) if level >= 3 else size, line)
+    return caches
+
+
+def _count_cpus(cpu_list: str) -> int:
+    count = 0
+    for part in cpu_list.split(","):
+        lo, _, hi = part.partition("-")
+        count += int(hi or lo) - int(lo) + 1
+    return count
+
+
+def _copy_bandwidth(nbytes: int, min_seconds: float = 0.05) -> float:
+    """Bytes/s of np.copyto between two buffers of `nbytes` each (read + write counted)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    src = np.ones(max(1, nbytes // 4), dtype="float32")
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    start = time.perf_counter()
+    reps = 0
+    while time.perf_counter() - start < min_seconds or reps < 3:
+        t0 = time.perf_counter()
+        for _ in range(8):
+            np.copyto(dst, src)
+        best = min(best, (time.perf_counter() - t0) / 8)
+        reps += 1
+    return 2 * src.nbytes / best
+
+
+def _measured_cpu_bandwidths(sizes: dict[str, int], key: str) -> dict[str, float]:
+    """Measure once per machine; the figures are cached in a JSON file keyed by the cache sizes."""
+    path = cache_dir() / "cpu_bandwidth.json"
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            return cached["bandwidth"]
+    except (OSError, ValueError, KeyError):
+        pass
+    # Each probe copies between two buffers of a quarter of the given working-set size.
+    bandwidth = {name: _copy_bandwidth(max(4096, size // 4)) for name, size in sizes.items()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "bandwidth": bandwidth}, indent=1))
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return bandwidth
+
+
+def cpu_device(num_cores: int | None = None) -> Device:
+    """This machine's CPU: DRAM / L2 / L1 with capacities from sysfs and measured bandwidths."""
+    import psutil  # pylint: disable=import-outside-toplevel
+
+    cores = num_cores or os.cpu_count() or 1
+    caches = _sysfs_caches()
+    l1, line = caches.get(1, (32 * 1024, 64))
+    l2, _ = caches.get(2, (512 * 1024, line))
+    last = max(caches.values())[0] if caches else l2
+    dram = psutil.virtual_memory().total
+    probe = {"L1": 2 * l1, "L2": 2 * l2, "DRAM": 16 * max(last, l2)}
+    key = f"{l1}-{l2}-{last}-{cores}"
+    bandwidth = _measured_cpu_bandwidths(probe, key)
+    levels = (
+        MemoryLevel("DRAM", dram, line, bandwidth["DRAM"]),
+        MemoryLevel("L2", l2, line, bandwidth["L2"]),
+        MemoryLevel("L1", l1, line, bandwidth["L1"]),
+    )
+    return Device("cpu", "cpu", levels, parallel_units=cores, fuse_level=1)
+
+
+# --------------------------------------------------------------------------------------- CUDA
+@dataclass(frozen=True)
+class _GpuSheet:
+    global_bytes: int
+    global_bw: float
+    sms: int
+    shared_per_block: int
+    registers_per_sm: int
+
+
+_GPU_SHEETS = {
+    # Data sheet figures: memory size and bandwidth, SM count, max shared memory per block
+    # (opt-in), 64K 32-bit registers per SM.
+    "v100": _GpuSheet(16 << 30, 900e9, 80, 96 * 1024, 65536 * 4),
+    "a100": _GpuSheet(40 << 30, 1555e9, 108, 163 * 1024, 65536 * 4),
+    "h100": _GpuSheet(80 << 30, 3350e9, 132, 227 * 1024, 65536 * 4),
+}
+
+
+def cuda_device(name: str = "a100", threads: int = 128) -> Device:
+    """A static description of an NVIDIA GPU (global / shared / registers); no GPU needed."""
+    sheet = _GPU_SHEETS.get(name.lower())
+    if sheet is None:
+        raise ValueError(f"unknown GPU {name!r}; known: {sorted(_GPU_SHEETS)}")
+    # On-chip bandwidths: 32 banks x 4 B per cycle per SM at ~1.4 GHz for shared memory, and
+    # registers several times that; only their ratio to global memory matters to the model.
+    shared_bw = sheet.sms * 128 * 1.4e9
+    levels = (
+        MemoryLevel("global", sheet.global_bytes, 32, sheet.global_bw),
+        MemoryLevel("shared", sheet.shared_per_block, 128, shared_bw),
+        MemoryLevel("registers", sheet.registers_per_sm, 4, 4 * shared_bw),
+    )
+    # Four warp schedulers per SM: 4 * 32 threads keep an SM busy (§4.1), one block per SM here.
+    return Device(name.lower(), "cuda", levels, parallel_units=sheet.sms, fuse_level=1,
+                  threads=threads)
+
+
+def device_for_target(target) -> Device:
+    """The device description matching a TVM target (kind llvm -> this CPU, cuda -> a GPU sheet).
+
+    For CUDA the GPU is taken from the target's `arch` (sm_70 V100, sm_80 A100, sm_90 H100),
+    defaulting to A100.
+    """
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    if target.kind.name == "llvm":
+        cores = int(target.attrs.get("num-cores", 0) or 0) or None
+        return cpu_device(cores)
+    if target.kind.name == "cuda":
+        arch = str(target.attrs.get("arch", "sm_80"))
+        name = {"sm_70": "v100", "sm_80": "a100", "sm_90": "h100"}.get(arch[:5], "a100")
+        return cuda_device(name)
+    raise NotImplementedError(f"tile-graph scheduling has no device model for target {target}")
+
+
+def describe(device: Device) -> dict:
+    """A JSON-friendly view (used by the benchmark to print the machine)."""
+    return asdict(device)

@@ -1,0 +1,188 @@
+"""TileGraphFusion: the Relax module pass that applies tile-graph scheduling end to end.
+
+Input: a Relax module whose `main` calls PrimFuncs with `call_tir` (after `LegalizeOps`, and
+optionally stock `AnnotateTIROpPattern` + `FuseOps` + `FuseTIR`; see `prepare()`).
+Output: the same module in which every group chosen by `graph_connecting` is one `call_tir` of a
+fused, tiled kernel whose connected intermediates live in tile buffers (CPU scratch / CUDA shared
+memory), and every node left alone but tileable is replaced by its tiled kernel.
+
+Why it is correct: a group is replaced only after its kernel computed the same output as the
+group's original PrimFuncs (TVM's own build) on random inputs (`measure.check_group`); a group
+whose kernel cannot be generated or fails that check keeps its original calls, and a warning
+says why. The replacement call sits where the group's last node was and reads the same tensors;
+intermediates it removes were read by no one outside the group (see `tile_graph.subgraph`).
+On a CUDA target, which cannot run here, the check runs on the CPU kernel generated from the same
+tile plan, and tile configurations are chosen by the cost model instead of by measurement.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import tvm
+from tvm import ir, relax, tirx
+
+from .codegen import Unsupported, group_prim_func, schedule_group
+from .cost import TileConfig
+from .device import Device, cpu_device, device_for_target
+from .localize import LocalizeError
+from .measure import check_group, time_kernel
+from .scheduler import Candidate, GraphPlan, estimated_seconds, graph_connecting
+from .tile_graph import SubGraph, TileGraph, build_tile_graph
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FusionReport:
+    """What the last run of the pass did (kept on the pass object for benchmarks and tests)."""
+
+    plan: GraphPlan
+    replaced: tuple[tuple[str, ...], ...]
+    rejected: tuple[tuple[tuple[str, ...], str], ...]
+
+
+def prepare() -> tvm.transform.Pass:
+    """Stock passes that turn a Relax model into the input TileGraphFusion expects."""
+    return tvm.transform.Sequential([
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ])
+
+
+class KernelFactory:
+    """Generates (and caches) the tiled kernel of a group for one device."""
+
+    def __init__(self, graph: TileGraph, device: Device):
+        self.graph = graph
+        self.device = device
+        self._merged: dict = {}
+        self._kernels: dict = {}
+
+    def merged(self, sub: SubGraph) -> tirx.PrimFunc:
+        if sub.names not in self._merged:
+            self._merged[sub.names] = group_prim_func(self.graph, sub)
+        return self._merged[sub.names]
+
+    def kernel(self, sub: SubGraph, config: TileConfig) -> tirx.PrimFunc | None:
+        key = (sub.names, config.tile)
+        if key not in self._kernels:
+            try:
+                func = schedule_group(self.merged(sub), config.tile, self.device)
+                func = func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+            except (Unsupported, LocalizeError) as err:
+                logger.info("group %s tile %s not generated: %s", sorted(sub.names),
+                            config.tile, err)
+                func = None
+            self._kernels[key] = func
+        return self._kernels[key]
+
+
+@tvm.transform.module_pass(opt_level=0, name="TileGraphFusion")
+class TileGraphFusion:
+    """Welder's tile-graph scheduling as a Relax module pass (see the module docstring).
+
+    Instances are `tvm.ir.transform.Pass` objects; after a run, `.report` says what was fused.
+
+    Parameters: `target` (llvm or cuda), `topk` tile configs measured per group, `measure`
+    (default: True when the target is the CPU this runs on), `verify` (check each group on random
+    inputs before replacing it; on by default, and only turn it off in benchmarks that re-check).
+    """
+
+    def __init__(self, target, topk: int = 4, measure: bool | None = None, verify: bool = True,
+                 device: Device | None = None):
+        self.target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
+        self.device = device or device_for_target(self.target)
+        self.topk = topk
+        self.measure = (self.device.kind == "cpu") if measure is None else measure
+        self.verify = verify
+        self.report: FusionReport | None = None
+
+    def transform_module(self, mod: ir.IRModule, _ctx) -> ir.IRModule:
+        graph = build_tile_graph(mod, "main")
+        if not graph.nodes:
+            return mod
+        factory = KernelFactory(graph, self.device)
+        plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory))
+        replacements, rejected = [], []
+        for group in plan.groups:
+            func = factory.kernel(group.sub, group.candidate.config)
+            names = tuple(n.name for n in group.sub.nodes)
+            if func is None:
+                rejected.append((names, "kernel could not be generated"))
+                continue
+            if self.verify:
+                result = self._check(graph, group.sub, group.candidate, func)
+                if not result.ok:
+                    logger.warning("TileGraphFusion leaves %s unchanged: %s", names,
+                                   result.message)
+                    rejected.append((names, result.message))
+                    continue
+            replacements.append((group.sub, func))
+        self.report = FusionReport(plan, tuple(tuple(n.name for n in s.nodes)
+                                               for s, _ in replacements), tuple(rejected))
+        return replace_groups(mod, graph, replacements)
+
+    def _evaluator(self, graph, factory):
+        """Seconds of a candidate: measured, or estimated once its kernel is known to build."""
+
+        def evaluate(sub: SubGraph, cand: Candidate):
+            func = factory.kernel(sub, cand.config)
+            if func is None:
+                return None
+            if not self.measure:
+                return estimated_seconds(cand.cost, self.device)
+            try:
+                return time_kernel(func, graph, sub, self.target)
+            except Exception as err:  # pylint: disable=broad-except  # unbuildable = unusable
+                logger.info("group %s did not build: %s", sorted(sub.names), err)
+                return None
+
+        return evaluate
+
+    def _check(self, graph, sub, cand, func):
+        if self.target.kind.name == "llvm":
+            return check_group(func, graph, sub, self.target)
+        cpu = KernelFactory(graph, cpu_device())
+        twin = cpu.kernel(sub, cand.config)
+        if twin is None:
+            from .measure import CheckResult  # pylint: disable=import-outside-toplevel
+
+            return CheckResult(False, float("inf"), "no CPU twin of the plan to check")
+        return check_group(twin, graph, sub, "llvm")
+
+
+def replace_groups(mod: ir.IRModule, graph: TileGraph, replacements) -> ir.IRModule:
+    """Replace each (SubGraph, PrimFunc) group of `mod["main"]` by one call_tir of the func."""
+    if not replacements:
+        return mod
+    main = mod["main"]
+    bb = relax.BlockBuilder(mod)
+    dropped, sinks = set(), {}
+    for sub, func in replacements:
+        name = "tile_" + "_".join(n.gvar.name_hint for n in sub.nodes)[:60]
+        gvar = bb.add_func(func, name)  # unique name, typed GlobalVar
+        for node in sub.nodes[:-1]:
+            dropped.add(graph.exprs[node.output])
+        out = graph.tensors[sub.output]
+        args = [graph.exprs[t] for t in sub.inputs]
+        sinks[graph.exprs[sub.output]] = relax.call_tir(
+            gvar, args, relax.TensorType(out.shape, out.dtype))
+    blocks = []
+    for block in main.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            if binding.var in dropped:
+                continue
+            if binding.var in sinks:
+                binding = relax.VarBinding(binding.var, sinks[binding.var])
+            bindings.append(binding)
+        blocks.append(type(block)(bindings))
+    body = relax.SeqExpr(blocks, main.body.body)
+    bb.update_func(mod.get_global_var("main"),
+                   relax.Function(main.params, body, main.ret_ty, main.is_pure, main.attrs))
+    return relax.transform.DeadCodeElimination(["main"])(bb.get())

@@ -1,0 +1,95 @@
+"""Building, timing and checking kernels of a tile-graph on the target ("d.Profile" of Fig. 7).
+
+`time_kernel` builds one PrimFunc and reports its median run time; `check_group` runs a fused
+kernel and the group's original PrimFuncs (TVM's own unscheduled build) on the same random inputs
+and compares the outputs, so a fused kernel is only kept when it computes what the graph did.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import tirx
+
+from .tile_graph import SubGraph, TileGraph
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    max_abs_err: float
+    message: str
+
+
+def build(func: tirx.PrimFunc, target) -> tvm.runtime.Module:
+    """Compile one PrimFunc as a standalone library whose entry is `main`."""
+    func = func.with_attr("global_symbol", "main")
+    return tvm.compile(tvm.IRModule({"main": func}), target=target)
+
+
+def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(dtype)
+    return rng.integers(0, 8, shape).astype(dtype)
+
+
+def _device(target) -> tvm.runtime.Device:
+    kind = tvm.target.Target(target).kind.name
+    return tvm.cpu() if kind == "llvm" else tvm.device(kind, 0)
+
+
+def group_arrays(graph: TileGraph, sub: SubGraph, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [random_array(graph.tensors[t].shape, graph.tensors[t].dtype, rng) for t in sub.inputs]
+
+
+def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
+                min_repeat_ms: int = 20, repeat: int = 5) -> float:
+    """Median seconds of one call of `func` (params: sub.inputs, then sub.output)."""
+    lib = build(func, target)
+    dev = _device(target)
+    out = graph.tensors[sub.output]
+    args = [tvm.runtime.tensor(a, dev) for a in group_arrays(graph, sub)]
+    args.append(tvm.runtime.empty(out.shape, out.dtype, dev))
+    timer = lib.mod.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
+    return float(np.median(timer(*args).results))
+
+
+def run_reference(graph: TileGraph, sub: SubGraph, arrays, target="llvm") -> np.ndarray:
+    """The group's output computed node by node with TVM's own build of the original funcs."""
+    values = dict(zip(sub.inputs, arrays))
+    dev = _device(target)
+    for node in sub.nodes:
+        lib = build(node.func, target)
+        out = graph.tensors[node.output]
+        args = [tvm.runtime.tensor(values[t], dev) for t in node.inputs]
+        result = tvm.runtime.empty(out.shape, out.dtype, dev)
+        lib["main"](*args, result)
+        values[node.output] = result.numpy()
+    return values[sub.output]
+
+
+def check_group(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target="llvm",
+                rtol: float = 1e-4, atol: float = 1e-4, seed: int = 0) -> CheckResult:
+    """Run `func` and the original nodes on random inputs; compare outputs."""
+    arrays = group_arrays(graph, sub, seed)
+    try:
+        expected = run_reference(graph, sub, arrays, target)
+        lib = build(func, target)
+        dev = _device(target)
+        out = graph.tensors[sub.output]
+        result = tvm.runtime.empty(out.shape, out.dtype, dev)
+        lib["main"](*[tvm.runtime.tensor(a, dev) for a in arrays], result)
+        got = result.numpy()
+    except Exception as err:  # pylint: disable=broad-except  # any failure means "do not use"
+        return CheckResult(False, float("inf"), f"check could not run: {err}")
+    if got.dtype.kind == "f":
+        err = float(np.max(np.abs(got.astype("float64") - expected))) if got.size else 0.0
+        ok = bool(np.allclose(got, expected, rtol=rtol, atol=atol))
+    else:
+        err = float(np.max(np.abs(got.astype("int64") - expected))) if got.size else 0.0
+        ok = bool(np.array_equal(got, expected))
+    return CheckResult(ok, err, "ok" if ok else f"max abs error {err:g}")
