@@ -22,7 +22,7 @@ from .random_testing import TestResult, compare_expressions, compare_relax, repl
 from .screening import DEFAULT_MODULUS, ScreeningResult, screen_modular
 from .smt import (
     ProofResult, prove_bijection, prove_constant_region, prove_cover, prove_image_within,
-    prove_index_equal, prove_left_inverse, to_z3,
+    prove_index_equal, prove_left_inverse, prove_partition, to_z3,
 )
 
 
@@ -83,7 +83,7 @@ def _run_check(check: Callable[[], ProofResult]) -> ProofResult:
 
 __all__ = [
     "Verdict", "verify_rewrite", "ProofResult", "to_z3", "prove_index_equal",
-    "prove_left_inverse", "prove_bijection", "prove_image_within", "prove_cover",
+    "prove_left_inverse", "prove_bijection", "prove_image_within", "prove_cover", "prove_partition",
     "prove_constant_region", "TestResult", "compare_expressions", "compare_relax",
     "replace_nonlinear_ops", "ScreeningResult", "screen_modular", "DEFAULT_MODULUS",
 ]

@@ -278,17 +278,33 @@ def prove_cover(
     A part that does not name an iterator leaves it unconstrained.
     """
     space = _Space(domain)
-    in_part = []
-    for part in parts:
-        unknown_names = [it.name for it in part if it.name not in space.env]
-        if unknown_names:
-            raise ValueError(f"part {_fmt_box(part)} names iterators {unknown_names} "
-                             f"outside the domain")
-        in_part.append(_box_holds(space.env, part))
+    in_part = [_box_holds(space.env, _part_of(part, space)) for part in parts]
     goal = z3.Or(in_part) if in_part else z3.BoolVal(False)
     union = " ∪ ".join(_fmt_box(p) for p in parts) if parts else "∅"
-    what = f"{_fmt_box(domain)} ⊆ {union}"
-    return _forall(what, space, goal, timeout_ms)
+    return _forall(f"{_fmt_box(domain)} ⊆ {union}", space, goal, timeout_ms)
+
+
+def prove_partition(
+    domain: Sequence[Iterator], parts: Sequence[Sequence[Iterator]], timeout_ms: int = 5000
+) -> ProofResult:
+    """X = X1 ⊎ X2 ⊎ ...: every point of X lies in exactly one part.
+
+    Splitting a summation Σ_X into Σ_X1 + Σ_X2 needs this, not only the cover: a point in
+    two parts would be counted twice. Parts are read as in `prove_cover`, restricted to X.
+    """
+    space = _Space(domain)
+    in_part = [_box_holds(space.env, _part_of(part, space)) for part in parts]
+    exactly_one = z3.PbEq([(c, 1) for c in in_part], 1) if in_part else z3.BoolVal(False)
+    union = " ⊎ ".join(_fmt_box(p) for p in parts) if parts else "∅"
+    return _forall(f"{_fmt_box(domain)} = {union} (disjoint)", space, exactly_one, timeout_ms)
+
+
+def _part_of(part: Sequence[Iterator], space: _Space) -> Sequence[Iterator]:
+    unknown_names = [it.name for it in part if it.name not in space.env]
+    if unknown_names:
+        raise ValueError(f"part {_fmt_box(part)} names iterators {unknown_names} "
+                         f"outside the domain")
+    return part
 
 
 def _box_holds(env: Mapping[str, z3.ArithRef], box: Sequence[Iterator]) -> z3.BoolRef:
@@ -463,5 +479,6 @@ def _nonzero_point(expr: Expr, box: Sequence[Iterator]) -> Optional[Dict[str, in
 
 __all__ = [
     "ProofResult", "to_z3", "prove_index_equal", "prove_left_inverse", "prove_bijection",
-    "prove_image_within", "prove_cover", "prove_constant_region", "ZERO_PRESERVING",
+    "prove_image_within", "prove_cover", "prove_partition", "prove_constant_region",
+    "ZERO_PRESERVING",
 ]
