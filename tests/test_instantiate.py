@@ -18,8 +18,9 @@ def run_and_compare(expr, **options):
 
 
 def test_default_schedule_parallel_vectorised_and_correct():
-    # An OffsetReduce-like sum over shifted reads of a padded tensor, inner extent 32 and 7.
-    for width in (32, 7):
+    # An OffsetReduce-like sum over shifted reads of a padded tensor; inner extents 96 (split
+    # by 16), 7 (short: vectorised whole) and 101 (long, no divisor: serial, unfused).
+    for width in (96, 7, 101):
         t = Tensor("T", (3, 3, 4, width))
         f, y, x = Iterator("f", 0, 4), Iterator("y", 0, 4), Iterator("x", 0, width)
         r, s = Iterator("r", 0, 3), Iterator("s", 0, 3)
@@ -28,7 +29,8 @@ def test_default_schedule_parallel_vectorised_and_correct():
         expr = Expr((f, y, x), (r, s), body * 1.0 + 0.0)
         text = eoperator_func(expr, "OffsetReduce", ["T"]).script()
         assert "T.parallel" in text
-        assert ("T.vectorized" in text) == (width % 4 == 0)
+        assert ("T.vectorized" in text) == (width != 101)
+        assert (f"T.vectorized({16 if width == 96 else width})" in text) == (width != 101)
         inst = run_and_compare(expr)
         assert inst.kernels == (("eOperator", "Kernel"),)
 

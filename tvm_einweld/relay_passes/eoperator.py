@@ -3,8 +3,9 @@
 An expression that is not matched to a predefined operator becomes a `te.compute` through
 `tvm_einweld.expr.lowering.to_te`, scheduled with a simple default CPU schedule and added to the
 Relax module as a `call_tir`. The schedule is meant to run near memory bandwidth without
-tuning: all spatial loops but the innermost fused into one parallel loop, the innermost
-spatial loop split by a vector width that divides it and vectorised, and summation loops (an
+tuning: all spatial loops but the innermost fused into one parallel loop; the innermost
+spatial loop vectorised whole when it is short (≤ 64), else split by a vector width that
+divides it (or left serial, so no lane pays for index division); summation loops (an
 OffsetReduce sums a handful of terms) moved between the two so the vector lanes stay spatial.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..expr.expression import Expr, input_tensors
 from ..expr.lowering import to_te
 
 VECTOR_WIDTHS = (16, 8, 4)
+MAX_WHOLE_VECTOR = 64
 FLOPS_PER_ELEMENT_THRESHOLD = 4.0
 
 
@@ -48,15 +50,16 @@ def default_cpu_schedule(func: tirx.PrimFunc, block_name: str) -> tirx.PrimFunc:
     if not spatial:
         return sch.mod["main"]
     inner = spatial[-1]
-    width = next((w for w in VECTOR_WIDTHS if _extent(inner, sch) % w == 0), None)
+    extent = _extent(inner, sch)
+    width = next((w for w in VECTOR_WIDTHS if extent % w == 0), None)
     vec = None
-    if width is not None and _extent(inner, sch) > width:
+    if extent <= MAX_WHOLE_VECTOR:  # LLVM legalises odd vector lengths
+        vec, outer_loops = inner, spatial[:-1]
+    elif width is not None:
         rest, vec = sch.split(inner, [None, width])
         outer_loops = spatial[:-1] + [rest]
-    elif width is not None:
-        vec, outer_loops = inner, spatial[:-1]
-    else:
-        outer_loops = spatial
+    else:  # keep the innermost loop serial and unfused: no index division per element
+        outer_loops = spatial[:-1]
     outer = sch.fuse(*outer_loops) if len(outer_loops) > 1 else (outer_loops[0] if outer_loops
                                                                    else None)
     if reduce:
