@@ -1,0 +1,150 @@
+"""DerivationTransform: verified rewrites, unchanged unsupported modules, planted faults."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm_ffi import structural_equal
+
+from tvm_einweld.expr.expression import Expr
+from tvm_einweld.relay_passes.derivation import Derivation, Rule
+from tvm_einweld.relay_passes.derivation_transform import DerivationTransform
+from tvm_einweld.relay_passes.summation_splitting import SummationSplitting
+from tvm_einweld.relay_passes.traversal_merging import TraversalMerging
+
+RNG = np.random.default_rng(0)
+
+
+def _const(*shape):
+    return relax.const(RNG.uniform(-1, 1, shape).astype("float32"))
+
+
+def conv_relu_conv(channels: int = 8, size: int = 12):
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            c1 = bb.emit(relax.op.nn.conv2d(x, _const(channels, channels, 3, 3), padding=1))
+            r1 = bb.emit(relax.op.nn.relu(c1))
+            c2 = bb.emit(relax.op.nn.conv2d(r1, _const(channels, channels, 3, 3), padding=1))
+            out = bb.emit_output(c2)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def matmul_model():
+    x = relax.Var("x", relax.TensorType((96, 128), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            m = bb.emit(relax.op.matmul(x, _const(128, 64)))
+            out = bb.emit_output(bb.emit(relax.op.tanh(m)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def run(mod, inputs):
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+
+
+def assert_same_results(a, b, trials: int = 2):
+    shapes = [tuple(int(v) for v in p.ty.shape.values) for p in a["main"].params]
+    for t in range(trials):
+        rng = np.random.default_rng(100 + t)
+        inputs = [rng.uniform(-1, 1, s).astype("float32") for s in shapes]
+        np.testing.assert_allclose(run(a, inputs), run(b, inputs), rtol=1e-4, atol=1e-4)
+
+
+SMALL = dict(max_depth=2, max_states=40, time_limit_s=3.0, max_instantiations=4)
+
+
+def test_conv_relu_conv_same_results():
+    mod = conv_relu_conv()
+    log = []
+    new = DerivationTransform(**SMALL, log=log)(mod)
+    assert_same_results(new, mod)
+    assert len(log) == 2 and all(r["ops"] == ["relax.nn.conv2d"] for r in log)
+    for rec in log:
+        assert rec["stats"]["states"] >= 1 and rec["candidates"] >= 1
+        assert rec["chosen"]["est_time_s"] <= rec["chosen"]["orig_time_s"]
+
+
+def test_forced_rewrites_are_verified_and_correct():
+    """With the gain requirement off, the cheapest derived program by estimate is applied: the
+    rewrite path itself (instantiation, splicing, FoldConstant) must keep the results."""
+    mod = conv_relu_conv(channels=4, size=8)
+    log = []
+    transform = DerivationTransform(**SMALL, min_speedup=1e-9, confirm_by_measurement=False,
+                                    log=log)
+    new = transform(mod)
+    applied = [r for r in log if r["applied"]]
+    assert applied, [r["notes"] for r in log]
+    for rec in applied:
+        assert rec["chosen"]["verified"] and rec["chosen"]["rules"]
+        assert rec["chosen"]["ops"] != rec["ops"]
+        assert rec["verification"].startswith("equal")
+    assert not structural_equal(new, mod)
+    assert_same_results(new, mod)
+
+
+def test_matmul_providers_keep_results():
+    mod = matmul_model()
+    log = []
+    new = DerivationTransform(**SMALL, min_speedup=1e-9, confirm_by_measurement=False,
+                              log=log)(mod)
+    (rec,) = log
+    assert rec["applied"] and rec["chosen"]["ops"] != ["relax.matmul"]
+    assert_same_results(new, mod)
+    labels = {c for c in rec["chosen"]["ops"]}
+    assert labels  # numpy_gemm or a derived program, whichever was estimated cheapest
+
+
+def test_unsupported_ops_pass_through_unchanged():
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.nn.max_pool2d(x, pool_size=(2, 2), strides=(2, 2)))
+            s = bb.emit(relax.op.nn.softmax(p))
+            m = bb.emit(relax.op.mean(s, axis=[1]))
+            out = bb.emit_output(m)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    transform = DerivationTransform(**SMALL)
+    new = transform(mod)
+    assert structural_equal(new, mod)
+    assert transform.last_results == ()
+
+
+class _Wrong(Rule):
+    """A planted faulty rule: claims a convolution equals its input (wrong, and estimated
+    free, so the pass picks it and only verification stands in the way)."""
+
+    name = "planted_wrong"
+
+    def apply(self, expr: Expr):
+        from tvm_einweld.expr.expression import Tensor, accesses
+
+        data = next(accesses(expr.body)).source
+        if isinstance(data, Tensor) and data.shape == expr.shape:
+            wrong = Tensor(data.name, data.shape, dtype=data.dtype)
+            body = wrong[tuple(it.var for it in expr.traversals)]
+            yield Derivation(self.name, Expr(expr.traversals, (), body, expr.dtype), (),
+                             "conv = identity (wrong)")
+
+
+def test_planted_wrong_rule_is_rejected():
+    mod = conv_relu_conv(channels=4, size=8)
+    log = []
+    transform = DerivationTransform(max_depth=1, max_states=10, time_limit_s=3.0,
+                                    rules=[_Wrong()], targets={}, min_speedup=1e-9,
+                                    confirm_by_measurement=False, providers=False, log=log)
+    new = transform(mod)
+    assert structural_equal(new, mod)
+    assert log and all(not r["applied"] for r in log)
+    for rec in log:
+        assert not rec["chosen"]["verified"] and "NOT equal" in rec["verification"]
+        assert any("rewrite rejected" in n for n in rec["notes"])
