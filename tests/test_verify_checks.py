@@ -1,16 +1,18 @@
 """Exact screening, random-input testing (expressions and Relax modules) and verify_rewrite."""
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
-from tvm_einweld.expr import Constant, Expr, Iterator, Tensor, canonical, evaluate, unary
+from tvm_einweld.expr import (
+    Constant, Expr, Iterator, Scope, Tensor, canonical, evaluate, unary,
+)
 from tvm_einweld.expr.expression import Access
 from tvm_einweld.expr.index import IVar
 from tvm_einweld.verify import (
-    DEFAULT_MODULUS, ProofResult, compare_expressions, compare_relax, screen_modular,
-    verify_rewrite,
+    DEFAULT_MODULUS, ProofResult, compare_expressions, compare_relax, prove_index_equal,
+    screen_modular, verify_rewrite,
 )
+from tvm_einweld.verify.inputs import draw, shared_tensors
 from tvm_einweld.verify.stand_ins import STAND_IN_OFFSETS
 
 i, k = Iterator("i", 0, 6), Iterator("k", 0, 64)
@@ -22,10 +24,9 @@ def _a(t, *idx):
 
 
 def _cancelling(scale: float):
-    """Σ_k (A·s + B)·C − Σ_k A·C·s  =  Σ_k B·C exactly; in floats the s-terms swamp B·C."""
+    """Σ_k (A·s + B)·C − Σ_k A·C·s = Σ_k B·C exactly; in floats the s-terms swamp B·C."""
     lhs_sum = Expr((i,), (k,), (_a(A, i, k) * scale + _a(B, i, k)) * _a(C, k))
     big = Expr((i,), (k,), _a(A, i, k) * _a(C, k) * scale)
-    from tvm_einweld.expr import Scope
     lhs = Expr((i,), (), Access(Scope(lhs_sum), (i.var,)) - Access(Scope(big), (i.var,)))
     rhs = Expr((i,), (k,), _a(B, i, k) * _a(C, k))
     return lhs, rhs
@@ -117,7 +118,6 @@ def test_dtype_aware_tolerance():
 def test_random_testing_matches_numpy():
     """The compared values are the interpreter's; spot-check one against numpy."""
     mm = canonical.matmul(Tensor("A", (2, 3)), Tensor("B", (3, 4)))
-    from tvm_einweld.verify.inputs import draw, shared_tensors
     tensors, _ = shared_tensors(mm, mm)
     ins = draw(tensors, 0)
     np.testing.assert_allclose(evaluate(mm, ins), ins["A"] @ ins["B"], rtol=1e-6)
@@ -185,7 +185,6 @@ def test_verify_rewrite_rejects_when_a_side_condition_cannot_be_checked():
     mm = canonical.matmul(Tensor("A", (2, 3)), Tensor("B", (3, 4)))
 
     def malformed():
-        from tvm_einweld.verify import prove_index_equal
         return prove_index_equal(IVar("q"), IVar("q"), [Iterator("k", 0, 2)])
 
     v = verify_rewrite(mm, mm, [malformed])

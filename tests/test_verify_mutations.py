@@ -2,12 +2,12 @@
 
 Each planted fault must be caught by exact screening *and* by random testing on their own,
 so neither check is the only line of defence (except the rewrite tailored to the fixed float
-stand-in, which only screening's random stand-ins can catch); the z3 side conditions the rules rely on are
-checked where the fault breaks them.
+stand-in, which only screening's random stand-ins can catch); the z3 side conditions the
+rules rely on are checked where the fault breaks them.
 """
 import pytest
 
-from tvm_einweld.expr import Tensor, canonical, evaluate
+from tvm_einweld.expr import Tensor, evaluate
 from tvm_einweld.verify.inputs import draw, shared_tensors
 from tvm_einweld.verify.mutations import (
     TAILORED, boundary_tightening, conv_offset_reduce, split_summation, suite,

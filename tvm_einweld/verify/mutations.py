@@ -131,7 +131,7 @@ def boundary_tightening(bias: bool) -> RewriteCase:
     return RewriteCase(name, not bias, before, after, conditions)
 
 
-# --- summation splitting ---------------------------------------------------------------------------
+# --- summation splitting -------------------------------------------------------------------------
 
 def split_summation(inner: int) -> RewriteCase:
     """matmul with k ∈ [0, 12) rewritten to k = 4·k1 + k2, k1 ∈ [0, 3), k2 ∈ [0, inner)."""
@@ -149,7 +149,7 @@ def split_summation(inner: int) -> RewriteCase:
     return RewriteCase(name, inner == 4, before, after, cond)
 
 
-# --- activation faults -------------------------------------------------------------------------
+# --- activation faults ---------------------------------------------------------------------------
 
 def _activation_cases() -> Tuple[RewriteCase, ...]:
     X, Y = Tensor("X", (4, 5)), Tensor("Y", (4, 5))
@@ -213,5 +213,6 @@ def run_suite(cases: Sequence[RewriteCase] = ()) -> Tuple[Tuple[RewriteCase, Ver
     return tuple((case, case.verify()) for case in (cases or suite()))
 
 
-__all__ = ["RewriteCase", "TAILORED", "conv_offset_reduce", "reads_within_padding", "boundary_tightening",
+__all__ = ["RewriteCase", "TAILORED", "conv_offset_reduce", "reads_within_padding",
+           "boundary_tightening",
            "split_summation", "suite", "run_suite"]

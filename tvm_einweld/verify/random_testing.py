@@ -64,39 +64,6 @@ class TestResult:
                 f"{self.max_abs_error:.3g}, rel {self.max_rel_error:.3g}, rtol {self.tolerance:g})")
 
 
-class _Errors:
-    """Accumulates per-trial errors of a list of output pairs."""
-
-    def __init__(self, rtol: float, atol: float) -> None:
-        self.rtol, self.atol = rtol, atol
-        self.abs_err = 0.0
-        self.rel_err = 0.0
-        self.failure = ""
-
-    def add(self, label: str, got: np.ndarray, ref: np.ndarray) -> None:
-        got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-        if got.shape != ref.shape:
-            self.failure = self.failure or f"{label}: shapes {list(got.shape)} vs {list(ref.shape)}"
-            return
-        bad_a, bad_b = ~np.isfinite(got), ~np.isfinite(ref)
-        if not np.array_equal(bad_a, bad_b) or not np.array_equal(got[bad_a], ref[bad_b],
-                                                                  equal_nan=True):
-            self.failure = self.failure or f"{label}: non-finite values differ"
-            self.abs_err = self.rel_err = float("inf")
-            return
-        ok = ~bad_a
-        if not ok.any():
-            return
-        err = float(np.max(np.abs(got[ok] - ref[ok])))
-        scale = float(np.max(np.abs(ref[ok])))
-        rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
-        self.abs_err = max(self.abs_err, err)
-        self.rel_err = max(self.rel_err, rel)
-        if err > self.atol + self.rtol * scale and not self.failure:
-            self.failure = (f"{label}: max abs error {err:.3g} exceeds "
-                            f"{self.atol:g} + {self.rtol:g}·{scale:.3g}")
-
-
 def compare_arrays(
     pairs: Sequence[Tuple[str, np.ndarray, np.ndarray]],
     dtype: str,
@@ -105,12 +72,38 @@ def compare_arrays(
     rtol: Optional[float] = None,
     atol: Optional[float] = None,
 ) -> TestResult:
-    """Compare (label, got, reference) array pairs with the tolerance of `dtype`."""
-    errors = _Errors(*_tolerances(dtype, rtol, atol))
-    with np.errstate(invalid="ignore", over="ignore"):
-        for label, got, ref in pairs:
-            errors.add(label, got, ref)
-    return _result(errors, what, trials)
+    """Compare (label, got, reference) array pairs with the tolerance of `dtype`.
+
+    Non-finite values must sit at the same places with the same values; the finite rest is
+    compared normwise. `what` is prefixed with the first failing pair.
+    """
+    rtol, atol = _tolerances(dtype, rtol, atol)
+    abs_err = rel_err = 0.0
+    failure = ""
+    for label, got, ref in pairs:
+        got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+        if got.shape != ref.shape:
+            failure = failure or f"{label}: shapes {list(got.shape)} vs {list(ref.shape)}"
+            abs_err = rel_err = float("inf")
+            continue
+        bad = ~np.isfinite(got)
+        if not np.array_equal(bad, ~np.isfinite(ref)) or \
+                not np.array_equal(got[bad], ref[bad], equal_nan=True):
+            failure = failure or f"{label}: non-finite values differ"
+            abs_err = rel_err = float("inf")
+            continue
+        if bad.all():
+            continue
+        err = float(np.max(np.abs(got[~bad] - ref[~bad])))
+        scale = float(np.max(np.abs(ref[~bad])))
+        abs_err = max(abs_err, err)
+        rel_err = max(rel_err, err / scale if scale > 0 else (0.0 if err == 0 else float("inf")))
+        if err > atol + rtol * scale:
+            failure = failure or (f"{label}: max abs error {err:.3g} exceeds "
+                                  f"{atol:g} + {rtol:g}·{scale:.3g}")
+    if failure:
+        what = f"{failure}; {what}"
+    return TestResult(not failure, what, trials, abs_err, rel_err, rtol)
 
 
 def _tolerances(dtype: str, rtol: Optional[float], atol: Optional[float]) -> Tuple[float, float]:
@@ -153,13 +146,6 @@ def compare_expressions(
         except EvaluationError as err:
             return failed(f"evaluation failed: {err}")
     return compare_arrays(pairs, a.dtype, what, trials, rtol, atol)
-
-
-def _result(errors: _Errors, what: str, trials: int) -> TestResult:
-    if errors.failure:
-        what = f"{errors.failure}; {what}"
-    return TestResult(not errors.failure, what, trials, errors.abs_err, errors.rel_err,
-                      errors.rtol)
 
 
 # --- Relax ------------------------------------------------------------------------------------
@@ -283,5 +269,5 @@ class _Runner:
         return _flatten(out)
 
 
-__all__ = ["TestResult", "compare_expressions", "compare_relax", "compare_arrays", "replace_nonlinear_ops",
-           "tolerance_for", "TOLERANCES", "NONLINEAR_OPS"]
+__all__ = ["TestResult", "compare_expressions", "compare_relax", "compare_arrays",
+           "replace_nonlinear_ops", "tolerance_for", "TOLERANCES", "NONLINEAR_OPS"]

@@ -258,7 +258,7 @@ def prove_image_within(
     box: Sequence[Tuple[int, int]],
     timeout_ms: int = 5000,
 ) -> ProofResult:
-    """∀x ∈ X: lo_i ≤ φ_i(x) < hi_i for every component (Φ(X×Y) ⊆ Z in traversal merging)."""
+    """∀x ∈ X: lo_i ≤ φ_i(x) < hi_i for every component (Φ(X×Y) ⊆ Z, traversal merging)."""
     if len(phi) != len(box):
         raise ValueError(f"{len(phi)} components but a box of {len(box)} dimensions")
     space = _Space(domain)
