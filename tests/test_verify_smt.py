@@ -34,9 +34,11 @@ def test_floor_division_semantics_match_python():
             assert got == py, (value, op, d)
 
 
-def test_to_z3_rejects_unbound_iterators():
+def test_to_z3_rejects_unbound_iterators_and_variable_divisors():
     with pytest.raises(KeyError):
         to_z3(x + y, {"x": z3.Int("x")})
+    with pytest.raises(ValueError, match="positive constant divisor"):
+        to_z3(ix.IBin("//", x, y), {"x": z3.Int("x"), "y": z3.Int("y")})
 
 
 def test_index_equal():
