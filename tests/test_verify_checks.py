@@ -189,3 +189,11 @@ def test_verify_rewrite_rejects_when_a_side_condition_cannot_be_checked():
 
     v = verify_rewrite(mm, mm, [malformed])
     assert not v.ok and v.proofs[0].status == "unknown" and "could not be checked" in v.reason
+
+
+def test_screening_reports_constants_without_residue():
+    x = Iterator("x", 0, 3)
+    X = Tensor("X", (3,))
+    a = Expr((x,), (), _a(X, x) * float("inf"))
+    res = screen_modular(a, a)
+    assert not res.equal and "no residue" in res.what

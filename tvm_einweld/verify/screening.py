@@ -53,8 +53,8 @@ def screen_modular(
     a_int, b_int = constants.expr(a), constants.expr(b)
     mismatches, first = 0, ""
     for k in range(draws):
-        inputs = {**draw(tensors, seed + k, modulus), **constants.arrays(seed + k)}
         try:
+            inputs = {**draw(tensors, seed + k, modulus), **constants.arrays(seed + k)}
             va = evaluate(a_int, inputs, modulus=modulus)
             vb = evaluate(b_int, inputs, modulus=modulus)
         except EvaluationError as err:

@@ -31,6 +31,7 @@ from ..expr.expression import (
     Access, BinaryOp, Constant, Expr, Scalar, Scope, Tensor, UnaryOp, UNARY_FUNCTIONS,
 )
 from ..expr.index import IConst
+from ..expr.interpreter import EvaluationError
 
 # The k of the float stand-in x·(x+k)+1 per function; relu keeps TASO's x·(x+1)+1.
 STAND_IN_OFFSETS: Dict[str, int] = {
@@ -104,7 +105,9 @@ class Arithmetizer:
     def residue(self, value: float) -> int:
         if self.modulus is None:
             raise ValueError("residues need a modulus")
-        q = Fraction(value)  # exact: a float is a dyadic rational
+        if not np.isfinite(value):
+            raise EvaluationError(f"constant {value} has no residue modulo a prime")
+        q = Fraction(value)  # exact: a finite float is a dyadic rational
         p = self.modulus
         return q.numerator % p * pow(q.denominator, -1, p) % p
 
