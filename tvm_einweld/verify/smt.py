@@ -11,6 +11,8 @@ TASO's verifier no rule can hang the search, and "unknown" is never read as "pro
 Index functions use floor `//` and `%` with positive constant divisors. SMT-LIB integer `div`
 and `mod` are Euclidean: for a positive divisor they coincide with floor division, so `to_z3`
 maps `//` and `%` to them directly (tests/test_verify_smt.py checks this against Python).
+
+z3's Python API shares one global context: call these checks from one thread at a time.
 """
 from __future__ import annotations
 
