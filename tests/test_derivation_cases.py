@@ -44,7 +44,7 @@ def check_case(case, expected_kernels, **options):
 @pytest.mark.parametrize("shape", [(1, 16, 8, 8), (2, 12, 7, 9)])
 def test_conv3x3_becomes_matmul_plus_offset_reduce(shape):
     n, c, h, w = shape
-    case = conv3x3_to_matmul(Tensor("A", shape), Tensor("K", (2 * c - 4, c, 3, 3)))
+    case = conv3x3_to_matmul(Tensor("A", shape), Tensor("K", (2 * c - 4, c, 3, 3)), verify=True)
     assert [d.rule for d in case.steps] == ["summation_splitting", "variable_substitution",
                                             "traversal_merging", "boundary_tightening",
                                             "boundary_tightening"]
@@ -54,13 +54,14 @@ def test_conv3x3_becomes_matmul_plus_offset_reduce(shape):
 @pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 12, 3, 5)])
 def test_strided_conv_transpose_becomes_matmul_plus_eoperator(shape):
     n, c, h, w = shape
-    case = conv_transpose_to_matmul(Tensor("A", shape), Tensor("W", (c, 10, 4, 4)))
+    case = conv_transpose_to_matmul(Tensor("A", shape), Tensor("W", (c, 10, 4, 4)), verify=True)
     check_case(case, ["matmul", "OffsetReduce"])
 
 
 @pytest.mark.parametrize("shape,f", [((1, 8, 8, 8), 4), ((1, 6, 9, 7), 3)])
 def test_conv5x5_becomes_conv3x3_with_four_times_the_channels(shape, f):
-    case = conv5x5_to_conv3x3(Tensor("A", shape), Tensor("K", (f, shape[1], 5, 5)))
+    case = conv5x5_to_conv3x3(Tensor("A", shape), Tensor("K", (f, shape[1], 5, 5)),
+                              verify=True)
     inst = check_case(case, ["DLT", "conv2d", "OffsetReduce"])
     assert ("conv2d", f"{4 * f}x{shape[1]}x3x3") in inst.kernels
 
@@ -68,7 +69,7 @@ def test_conv5x5_becomes_conv3x3_with_four_times_the_channels(shape, f):
 @pytest.mark.parametrize("n", [16, 13])
 def test_dilated_g2bmm_becomes_dense_g2bmm_with_layout_eoperators(n):
     a, b = Tensor("A", (2, n, 16)), Tensor("B", (2, n, 16))
-    case = dilated_g2bmm(a, b, width=3, dilation=2)
+    case = dilated_g2bmm(a, b, width=3, dilation=2, verify=True)
     check_case(case, ["DLT", "DLT", "g2bmm", "DLT"])
     inputs = random_inputs(case.original[0], seed=5)
     inst = instantiate(case.derived[0])

@@ -38,17 +38,20 @@ class DerivationCase:
     attrs: Tuple[Tuple[str, object], ...] = ()
 
 
-def _run(name: str, expr: Expr, steps, op: str, **attrs) -> DerivationCase:
+def _run(name: str, expr: Expr, steps, op: str, verify: bool, **attrs) -> DerivationCase:
+    """Apply the steps in order; with `verify`, each step is also screened and random-tested
+    against the expression before it (slow for large shapes: the interpreter runs)."""
     done = []
     current = expr
     for rule, path in steps:
-        d = apply_at(rule, current, path)
+        d = apply_at(rule, current, path, verify=verify)
         done.append(d)
         current = d.result
     return DerivationCase(name, (expr,), tuple(done), (current,), op, tuple(attrs.items()))
 
 
-def conv3x3_to_matmul(data: Tensor, weight: Tensor, padding=(1, 1, 1, 1)) -> DerivationCase:
+def conv3x3_to_matmul(data: Tensor, weight: Tensor, padding=(1, 1, 1, 1),
+                      verify: bool = False) -> DerivationCase:
     """Σ_{c,r,s} → Σ_{r,s} {Σ_c}; h+r ↦ t1, w+s ↦ t2 (the bounding box relaxes the ranges);
     inline; tighten t1, t2 back to the data's extent (the rows read only padding)."""
     expr = canonical.conv2d(data, weight, padding=padding)
@@ -58,11 +61,11 @@ def conv3x3_to_matmul(data: Tensor, weight: Tensor, padding=(1, 1, 1, 1)) -> Der
         (TraversalMerging(), "top"),
         (BoundaryTightening(), "top/scope0"),
         (BoundaryTightening(), "top/scope0"),
-    ], "conv2d", padding=tuple(padding))
+    ], "conv2d", verify, padding=tuple(padding))
 
 
 def conv_transpose_to_matmul(data: Tensor, weight: Tensor, strides=(2, 2),
-                             padding=(1, 1, 1, 1)) -> DerivationCase:
+                             padding=(1, 1, 1, 1), verify: bool = False) -> DerivationCase:
     """Σ_{c,k1,k2} → Σ_{k1,k2} {Σ_c}; the coupled pairs ((y+p)//s − k, (y+p)%s + s·k) ↦ new
     iterators (ψ fitted, proven); inline; tighten the input-row iterators."""
     expr = canonical.conv2d_transpose(data, weight, strides=strides, padding=padding)
@@ -72,10 +75,11 @@ def conv_transpose_to_matmul(data: Tensor, weight: Tensor, strides=(2, 2),
         (TraversalMerging(), "top"),
         (BoundaryTightening(), "top/scope0"),
         (BoundaryTightening(), "top/scope0"),
-    ], "conv2d_transpose", strides=tuple(strides), padding=tuple(padding))
+    ], "conv2d_transpose", verify, strides=tuple(strides), padding=tuple(padding))
 
 
-def conv5x5_to_conv3x3(data: Tensor, weight: Tensor, padding=(2, 2, 2, 2)) -> DerivationCase:
+def conv5x5_to_conv3x3(data: Tensor, weight: Tensor, padding=(2, 2, 2, 2),
+                       verify: bool = False) -> DerivationCase:
     """Relax r, s from 5 to 6; split each as 3·r1 + r2; Σ_{c,r2,s2} into a scope; substitute
     y + 3·r1 − 2 ↦ t1 (and for x); inline. The scope is a 3×3 conv with (r1, s1) as 4× output
     channels, the outer expression an OffsetReduce."""
@@ -89,16 +93,17 @@ def conv5x5_to_conv3x3(data: Tensor, weight: Tensor, padding=(2, 2, 2, 2)) -> De
         (SummationSplitting(inner={"c", r.name + "2", s.name + "2"}), "top"),
         (VariableSubstitution(("offset",)), "top/scope0"),
         (TraversalMerging(), "top"),
-    ], "conv2d", padding=tuple(padding))
+    ], "conv2d", verify, padding=tuple(padding))
 
 
-def dilated_g2bmm(a: Tensor, b: Tensor, width: int, dilation: int) -> DerivationCase:
+def dilated_g2bmm(a: Tensor, b: Tensor, width: int, dilation: int,
+                  verify: bool = False) -> DerivationCase:
     """Split the row iterator i by the dilation (i % d, i // d): each residue class is a
     non-dilated G2BMM; instantiation adds the layout eOperators around it."""
     expr = canonical.g2bmm(a, b, width=width, dilation=dilation)
     return _run("dilated G2BMM → G2BMM + DLTs", expr, [
         (VariableSubstitution(("split",)), "top"),
-    ], "g2bmm")
+    ], "g2bmm", verify)
 
 
 def merged_matmuls(a: Tensor, b1: Tensor, b2: Tensor) -> DerivationCase:

@@ -138,11 +138,14 @@ class Rule:
 
 
 def apply_at(rule: Rule, expr: Expr, path: str = "top",
-             where: Callable[[Candidate], bool] = lambda c: True) -> Derivation:
+             where: Callable[[Candidate], bool] = lambda c: True,
+             verify: bool = False) -> Derivation:
     """The first proven instance of `rule` at location `path` accepted by `where`.
 
     Used to apply rules by hand in a fixed sequence; raises RuleNotApplicable listing why
-    each candidate was refused when none qualifies.
+    each candidate was refused when none qualifies. With `verify`, each instance is also
+    checked against `expr` by exact screening and random testing (`verify.verify_rewrite`)
+    and refused if they disagree.
     """
     reasons = []
     for loc in locations(expr):
@@ -152,9 +155,18 @@ def apply_at(rule: Rule, expr: Expr, path: str = "top",
             if not where(cand):
                 continue
             try:
-                return check(rule.name, cand, loc)
+                derivation = check(rule.name, cand, loc)
             except RuleNotApplicable as err:
                 reasons.append(str(err))
+                continue
+            if verify:
+                from ..verify import verify_rewrite
+
+                verdict = verify_rewrite(expr, derivation.result)
+                if not verdict.ok:
+                    reasons.append(f"{derivation}: {verdict.reason}")
+                    continue
+            return derivation
     raise RuleNotApplicable(f"no proven instance of {rule.name} at {path} in {expr}"
                             + ("".join(f"\n  {r}" for r in reasons)))
 

@@ -15,6 +15,7 @@ becomes the padding of that tensor.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -22,7 +23,9 @@ import tvm
 from tvm import relax
 
 from ..expr import index as ix
-from ..expr.expression import Access, Expr, Iterator, Scope, Tensor, accesses, input_tensors
+from ..expr.expression import (
+    Access, BinaryOp, Expr, Iterator, Scope, Tensor, accesses, input_tensors, map_accesses,
+)
 from .derivation import fresh_name, replace_source, simplify, widen_padding
 from .eoperator import FLOPS_PER_ELEMENT_THRESHOLD, arithmetic_intensity, emit_eoperator
 from .index_simplify import simplify_index
@@ -49,8 +52,6 @@ class Placed:
 
 
 def eoperator_kind(expr: Expr) -> str:
-    from ..expr.expression import BinaryOp
-
     single = isinstance(expr.body, Access)
     b = expr.body
     if (not expr.sums and isinstance(b, BinaryOp) and b.op == "+"
@@ -60,6 +61,11 @@ def eoperator_kind(expr: Expr) -> str:
     if single:
         return "OffsetReduce" if expr.sums else "DLT"
     return "Kernel" if expr.sums else "Elementwise"
+
+
+def _extent_of(its: Dict[str, Iterator]):
+    """extent(group): the size of the dimension that flattens the iterators of `group`."""
+    return lambda group: int(math.prod(its[n].extent for n in group))
 
 
 class Instantiator:
@@ -116,8 +122,6 @@ class Instantiator:
                         hint = scope.expr.traversals[d].name
                 self.placed[scope] = self.place(scope.expr, hint)
             placed = self.placed[scope]
-            from ..expr.expression import map_accesses
-
             body = map_accesses(expr.body, lambda a, s=scope, p=placed: p.read(a.indices, s.pad)
                                 if a.source == s else a)
             expr = Expr(expr.traversals, expr.sums, body, expr.dtype)
@@ -197,7 +201,7 @@ class Instantiator:
     def _emit_matmul(self, expr: Expr, m: Match) -> Optional[Placed]:
         its = {it.name: it for it in expr.iterators}
         b, mm, nn, kk = (m.group(g) for g in ("b", "m", "n", "k"))
-        ext = lambda group: int(__import__("math").prod(its[n].extent for n in group))
+        ext = _extent_of(its)
         x = self.operand(m.x, [its[n] for n in b + mm + kk])
         y = self.operand(m.y, [its[n] for n in b + kk + nn])
         lead = [ext(b)] if b else []
@@ -228,7 +232,7 @@ class Instantiator:
         data = self.values[x.source.name]
         if order != list(range(len(order))):
             data = self.bb.emit(relax.op.permute_dims(data, order))
-        ext = lambda group: int(__import__("math").prod(its[n].extent for n in group))
+        ext = _extent_of(its)
         size = [x.source.shape[d] for _, _, d in spatial]
         data = self._reshape(data, [ext(n_grp), ext(c_grp)] + size)
         kernel = self.operand(w, [its[n] for n in f_grp + c_grp] + [its[r] for _, r, _ in spatial])
@@ -270,10 +274,9 @@ class Instantiator:
         y = self._emit_eoperator(y_expr, "DLT").var
         xt = self._tensor(x, "G2BMM_A", [its[n].extent for n in b + (i,) + k], expr.dtype)
         yt = self._tensor(y, "G2BMM_B", [it.extent for it in y_its], expr.dtype)
-        shift = lambda e, it: ix.sub(e, it.lo)
-        bv = [shift(its[n].var, its[n]) for n in b]
-        kv = [shift(its[n].var, its[n]) for n in k]
-        body = (Access(xt, tuple(bv + [shift(its[i].var, its[i])] + kv))
+        bv = [ix.sub(its[n].var, its[n].lo) for n in b]
+        kv = [ix.sub(its[n].var, its[n].lo) for n in k]
+        body = (Access(xt, tuple(bv + [ix.sub(its[i].var, its[i].lo)] + kv))
                 * Access(yt, tuple(bv + [ix.sub(ix.add(its[i].var, ix.mul(its[j].var, d)), lo)]
                                    + kv)))
         kernel = widen_padding(Expr(tuple(its[n] for n in b + (i, j)), tuple(its[n] for n in k),

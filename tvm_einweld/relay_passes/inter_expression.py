@@ -1,8 +1,8 @@
 """Inter-expression rules (EinNet §4.2): expression splitting, merging and fusion.
 
-Splitting cuts one traversal range in two, L^X f = L^{X1} f ∪ L^{X2} f with X ⊆ X1 ∪ X2
-(`prove_cover`); the pieces are scopes whose zero padding covers the other piece, so their sum
-is the original.
+Splitting cuts one traversal range in two, L^X f = L^{X1} f ∪ L^{X2} f; the pieces are scopes
+whose zero padding covers the other piece and the result is their sum, so X must be the
+disjoint union of X1 and X2 (`prove_partition`: a point in both would count twice).
 
 Merging is its inverse for two independent expressions with the same computation that differ
 in one input tensor read along one traversal iterator (two matmuls sharing their left input,
@@ -24,7 +24,7 @@ from ..expr import index as ix
 from ..expr.expression import (
     Access, BinaryOp, Constant, Expr, Iterator, Scalar, Scope, Tensor, UnaryOp, accesses,
 )
-from ..verify.smt import ProofResult, prove_constant_region, prove_cover
+from ..verify.smt import ProofResult, prove_constant_region, prove_partition
 from .derivation import (
     Candidate, Derivation, Rule, RuleNotApplicable, SideCondition, check, replace_source,
     widen_padding,
@@ -50,10 +50,10 @@ def split_expression(expr: Expr, name: str, at: int) -> Candidate:
     body = Access(parts[0][0], read) + Access(parts[1][0], read)
     result = Expr(expr.traversals, (), body, expr.dtype)
 
-    def cover() -> ProofResult:
-        return prove_cover(expr.traversals, [parts[0][1], parts[1][1]])
+    def partition() -> ProofResult:
+        return prove_partition(expr.traversals, [parts[0][1], parts[1][1]])
 
-    return Candidate(result, (cover,), f"split {name} at {at}")
+    return Candidate(result, (partition,), f"split {name} at {at}")
 
 
 class ExpressionSplitting(Rule):
