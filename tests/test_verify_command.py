@@ -26,8 +26,8 @@ def test_command_passes_and_prints_both_tables(capsys):
 def test_command_fails_when_a_planted_mutation_is_accepted(monkeypatch, capsys):
     real = mutations.verify_rewrite
 
-    def fooled(before, after, side_conditions=()):
-        return dataclasses.replace(real(before, after, side_conditions), ok=True)
+    def fooled(before, after, side_conditions=(), **kw):
+        return dataclasses.replace(real(before, after, side_conditions, **kw), ok=True)
 
     monkeypatch.setattr(mutations, "verify_rewrite", fooled)
     assert _run(["--only", "mutations"]) == 1

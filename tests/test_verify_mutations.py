@@ -31,6 +31,12 @@ def test_verdict(case):
         assert "REJECTED" in str(verdict)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_verdicts_do_not_depend_on_the_seed(seed):
+    for case in CASES:
+        assert case.verify(seed).ok == case.correct, case.name
+
+
 def test_suite_plants_every_fault_kind():
     names = [c.name for c in CASES if not c.correct]
     for kind in KINDS:

@@ -21,7 +21,7 @@ HELP = "self-check the canonical operator expressions and run the verifier's mut
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", choices=("selfcheck", "mutations"),
                         help="run one of the two parts only")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the self-check inputs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
 
 
 def _table(headers: Sequence[str], rows: List[Sequence[str]]) -> str:
@@ -50,11 +50,11 @@ def _selfcheck(seed: int) -> int:
     return len(failed)
 
 
-def _mutations() -> int:
+def _mutations(seed: int) -> int:
     from tvm_einweld.verify.mutations import run_suite
 
     start = time.perf_counter()
-    results = run_suite()
+    results = run_suite(seed=seed)
     rows, wrong = [], 0
     for case, verdict in results:
         good = verdict.ok == case.correct
@@ -86,5 +86,5 @@ def run(args: argparse.Namespace) -> int:
     if args.only in (None, "selfcheck"):
         failures += _selfcheck(args.seed)
     if args.only in (None, "mutations"):
-        failures += _mutations()
+        failures += _mutations(args.seed)
     return 1 if failures else 0

@@ -40,8 +40,8 @@ class RewriteCase:
     after: Expr
     side_conditions: Tuple[Callable[[], ProofResult], ...] = ()
 
-    def verify(self) -> Verdict:
-        return verify_rewrite(self.before, self.after, self.side_conditions)
+    def verify(self, seed: int = 0) -> Verdict:
+        return verify_rewrite(self.before, self.after, self.side_conditions, seed=seed)
 
 
 # --- conv → matmul + offset-reduce ---------------------------------------------------------------
@@ -209,8 +209,9 @@ def suite() -> Tuple[RewriteCase, ...]:
     return tuple(cases) + _activation_cases()
 
 
-def run_suite(cases: Sequence[RewriteCase] = ()) -> Tuple[Tuple[RewriteCase, Verdict], ...]:
-    return tuple((case, case.verify()) for case in (cases or suite()))
+def run_suite(cases: Sequence[RewriteCase] = (),
+              seed: int = 0) -> Tuple[Tuple[RewriteCase, Verdict], ...]:
+    return tuple((case, case.verify(seed)) for case in (cases or suite()))
 
 
 __all__ = ["RewriteCase", "TAILORED", "conv_offset_reduce", "reads_within_padding",
