@@ -81,4 +81,4 @@ def test_dilated_g2bmm_becomes_dense_g2bmm_with_layout_eoperators(n):
 @pytest.mark.parametrize("m,n1,n2", [(8, 16, 16), (7, 10, 5)])
 def test_two_matmuls_sharing_an_input_become_one(m, n1, n2):
     case = merged_matmuls(Tensor("A", (m, 12)), Tensor("B1", (12, n1)), Tensor("B2", (12, n2)))
-    check_case(case, ["Concat", "matmul"], threshold=0)
+    check_case(case, ["concat", "matmul"], threshold=0)

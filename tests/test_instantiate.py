@@ -72,3 +72,12 @@ def test_memory_bound_expressions_become_named_eoperators():
     small = canonical.matmul(Tensor("P", (2, 3)), Tensor("Q", (3, 2)))  # intensity < 4
     assert [k for k, _ in run_and_compare(small).kernels] == ["eOperator"]
     assert [k for k, _ in run_and_compare(small, threshold=0).kernels] == ["matmul"]
+
+
+def test_split_expression_instantiates_as_two_matmuls_and_a_concat():
+    from tvm_einweld.relay_passes import ExpressionSplitting, apply_at
+
+    expr = canonical.matmul(Tensor("A", (8, 32)), Tensor("B", (32, 24)))
+    split = apply_at(ExpressionSplitting(["n"], at=10), expr).result
+    inst = run_and_compare(split, threshold=0)
+    assert [k for k, _ in inst.kernels] == ["matmul", "matmul", "concat"]

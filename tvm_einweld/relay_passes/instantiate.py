@@ -3,7 +3,7 @@
 Scopes are instantiated innermost first, each becoming one Relax value that the enclosing
 expression then reads as a tensor. A compute-bound expression (arithmetic intensity ≥ 4) that
 `mapping_table.match` maps to an operator becomes Relax ops — `matmul`, `nn.conv2d`, with
-`permute_dims` / `reshape` as glue — or, for G2BMM (no Relax op), a named TE kernel; operand
+`permute_dims` / `reshape` / `strided_slice` / `concat` as glue — or, for G2BMM (no Relax op), a named TE kernel; operand
 layouts that are not a plain transpose are produced by DLT eOperators. Everything else becomes
 an eOperator (`eoperator.py`) with a readable name: OffsetReduce (a sum over shifted reads),
 DLT (a pure data-layout transformation), Elementwise, Kernel.
@@ -53,14 +53,15 @@ class Placed:
 
 def eoperator_kind(expr: Expr) -> str:
     single = isinstance(expr.body, Access)
-    b = expr.body
-    if (not expr.sums and isinstance(b, BinaryOp) and b.op == "+"
-            and all(isinstance(a, Access) and any(p != (0, 0) for p in a.source.pad)
-                    for a in (b.lhs, b.rhs))):
-        return "Concat"  # T1[c] + T2[c − n1], each padded where the other lies
     if single:
         return "OffsetReduce" if expr.sums else "DLT"
     return "Kernel" if expr.sums else "Elementwise"
+
+
+def _sum_terms(s) -> List:
+    if isinstance(s, BinaryOp) and s.op == "+":
+        return _sum_terms(s.lhs) + _sum_terms(s.rhs)
+    return [s]
 
 
 def _extent_of(its: Dict[str, Iterator]):
@@ -95,9 +96,10 @@ class Instantiator:
     def place(self, expr: Expr, inner_hint: Optional[str] = None) -> Placed:
         """Instantiate `expr` (and its scopes) and return where its value lives."""
         expr = self._replace_scopes(expr)
-        window = self._emit_window(expr)
-        if window is not None:
-            return window
+        for plain in (self._emit_window, self._emit_concat):
+            placed = plain(expr)
+            if placed is not None:
+                return placed
         if arithmetic_intensity(expr) >= self.threshold:
             for op in self.match_ops:
                 matches = list(MATCHERS[op](expr))
@@ -149,6 +151,45 @@ class Instantiator:
             value = self.bb.emit(relax.op.strided_slice(value, axes=axes, begin=begin, end=end))
         return self._identity(value, expr, "Slice")
 
+    def _emit_concat(self, expr: Expr) -> Optional[Placed]:
+        """T1[.., c, ..] + T2[.., c − n1, ..] + ..., each tensor read whole and the pieces
+        tiling the range of c one after another (what expression merging builds), is a
+        Relax concat."""
+        terms = _sum_terms(expr.body)
+        if expr.sums or len(terms) < 2 or not all(
+                isinstance(a, Access) and isinstance(a.source, Tensor)
+                and len(a.indices) == len(expr.traversals) for a in terms):
+            return None
+        pieces, axis = [], None
+        for acc in terms:
+            offsets = []
+            for it, idx in zip(expr.traversals, acc.indices):
+                form = ix.linear_form(idx)
+                if form is None or form[0] != {it.name: 1}:
+                    return None
+                offsets.append(it.lo + form[1])  # source position of the range's start
+            moved = [d for d, o in enumerate(offsets) if o != 0]
+            if len(moved) > 1 or (axis is not None and moved and moved[0] != axis):
+                return None
+            axis = moved[0] if moved else axis
+            pieces.append((-offsets[axis] if moved else 0, acc))
+        if axis is None:
+            return None
+        pieces.sort(key=lambda p: p[0])
+        start = 0
+        for begin, acc in pieces:
+            shape = acc.source.shape
+            if begin != start or any(shape[d] != it.extent for d, it in enumerate(expr.traversals)
+                                     if d != axis):
+                return None
+            start += shape[axis]
+        if start != expr.traversals[axis].extent:
+            return None
+        value = self.bb.emit(relax.op.concat([self.values[a.source.name] for _, a in pieces],
+                                             axis=axis))
+        self.kernels.append(("concat", f"{len(pieces)} along axis {axis}"))
+        return self._identity(value, expr, "Concat")
+
     def _identity(self, var: relax.Var, expr: Expr, stem: str) -> Placed:
         tensor = self._tensor(var, stem, expr.shape, expr.dtype)
         n = len(expr.traversals)
@@ -164,17 +205,22 @@ class Instantiator:
     def operand(self, access: Access, its: Sequence[Iterator]) -> relax.Expr:
         """A Relax value V with V[x − lo] = access at x, for x over the iterators `its`.
 
-        A permutation of the source's dimensions when the access is one; a DLT eOperator
-        otherwise."""
+        A window (strided_slice) and permutation of the source's dimensions when the access
+        reads one iterator per dimension inside the source; a DLT eOperator otherwise."""
         src = access.source
         names = [i.name if isinstance(i, ix.IVar) else None for i in access.indices]
         order = [it.name for it in its]
-        plain = (sorted(n for n in names if n) == sorted(order) and None not in names
-                 and all(it.lo == 0 and it.extent == src.shape[names.index(it.name)]
-                         for it in its))
+        plain = (None not in names and sorted(names) == sorted(order)
+                 and all(0 <= it.lo and it.hi <= src.shape[names.index(it.name)] for it in its))
         if plain:
-            perm = [names.index(n) for n in order]
             value = self.values[src.name]
+            ranges = {it.name: (it.lo, it.hi) for it in its}
+            begin = [ranges[n][0] for n in names]
+            end = [ranges[n][1] for n in names]
+            if begin != [0] * len(names) or end != list(src.shape):
+                value = self.bb.emit(relax.op.strided_slice(
+                    value, axes=list(range(len(names))), begin=begin, end=end))
+            perm = [names.index(n) for n in order]
             if perm != list(range(len(perm))):
                 value = self.bb.emit(relax.op.permute_dims(value, perm))
             return value
