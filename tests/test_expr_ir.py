@@ -134,3 +134,13 @@ def test_simplified_index_functions_equal_the_originals_on_their_domain():
         np.testing.assert_array_equal(np.broadcast_to(ix.evaluate(s, env), grid[0].shape),
                                       np.broadcast_to(ix.evaluate(e, env), grid[0].shape))
     assert str(simplify_index(cases[0], ranges)) == "i1 // 196"
+
+
+def test_printed_index_functions_keep_needed_parentheses():
+    x, y = ix.IVar("x"), ix.IVar("y")
+    assert str(x * (y // 2)) == "x * (y // 2)"
+    assert str((x % 7) * (y % 7)) == "x % 7 * (y % 7)"
+    assert str(x - (y + 1)) == "x - (y + 1)"
+    assert str(x + (y - 1)) == "x + y - 1"
+    with pytest.raises(ValueError, match="positive constant divisor"):
+        ix.IBin("//", x, y)

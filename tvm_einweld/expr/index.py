@@ -80,6 +80,8 @@ class IBin(IndexExpr):
     def __post_init__(self) -> None:
         if self.op not in _OPS:
             raise ValueError(f"unknown index operator {self.op!r}")
+        if self.op in ("//", "%"):
+            _check_divisor(self.rhs)
 
     def __str__(self) -> str:
         return f"{_paren(self.lhs, self.op, False)} {self.op} {_paren(self.rhs, self.op, True)}"
@@ -91,7 +93,10 @@ _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
 def _paren(e: IndexExpr, parent_op: str, right: bool) -> str:
     if isinstance(e, IBin):
         p, q = _PRECEDENCE[e.op], _PRECEDENCE[parent_op]
-        if p < q or (right and p == q and parent_op not in ("+", "*")):
+        # Operators associate to the left, so a right operand of equal precedence keeps its
+        # parentheses unless dropping them cannot change the value: a + (b ± c), a * (b * c).
+        associative = (parent_op == "+" and e.op in ("+", "-")) or (parent_op == e.op == "*")
+        if p < q or (right and p == q and not associative):
             return f"({e})"
     if isinstance(e, IConst) and e.value < 0:
         return f"({e.value})"

@@ -150,6 +150,8 @@ class _Evaluator:
             return self._reduce(lhs * rhs)
         if isinstance(s, UnaryOp):
             arg = self.scalar(s.arg, env)
+            if s.fn == "neg":  # linear: exact in both arithmetics, nothing to stand in for
+                return self._reduce(-arg)
             if self.polynomial:
                 return self._reduce(polynomial_stand_in(np.asarray(arg, self.dtype)))
             if self.modulus is not None:
