@@ -77,8 +77,9 @@ def test_forced_rewrites_are_verified_and_correct():
     rewrite path itself (instantiation, splicing, FoldConstant) must keep the results."""
     mod = conv_relu_conv(channels=4, size=8)
     log = []
-    transform = DerivationTransform(**SMALL, min_speedup=1e-9, confirm_by_measurement=False,
-                                    log=log)
+    transform = DerivationTransform(max_depth=7, max_states=300, time_limit_s=8.0,
+                                    max_instantiations=4, min_speedup=0,
+                                    confirm_by_measurement=False, log=log)
     new = transform(mod)
     applied = [r for r in log if r["applied"]]
     assert applied, [r["notes"] for r in log]
@@ -88,12 +89,44 @@ def test_forced_rewrites_are_verified_and_correct():
         assert rec["verification"].startswith("equal")
     assert not structural_equal(new, mod)
     assert_same_results(new, mod)
+    # Among the candidates: the search's conv → Matmul + OffsetReduce program.
+    kernels = [c.ops for r in transform.last_results for o in r.ops for c in o.candidates
+               if c.label == "derived"]
+    assert any(any(k in ("relax.matmul", "tvm_einweld.numpy_gemm") for k in ops)
+               and "eop:OffsetReduce" in ops for ops in kernels), kernels
+
+
+def test_two_matmuls_sharing_an_input_become_one():
+    x = relax.Var("x", relax.TensorType((32, 48), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            m1 = bb.emit(relax.op.matmul(x, _const(48, 16)))
+            m2 = bb.emit(relax.op.matmul(x, _const(48, 24)))
+            out = bb.emit_output(relax.Tuple([m1, m2]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    log = []
+    transform = DerivationTransform(max_depth=0, max_states=1, time_limit_s=3.0,
+                                    min_speedup=0, confirm_by_measurement=False,
+                                    providers=False, log=log)
+    new = transform(mod)
+    (rec,) = log
+    assert rec["applied"] and rec["chosen"]["verified"]
+    assert rec["chosen"]["rules"] == ["expression_merging"]
+    assert rec["chosen"]["ops"].count("relax.matmul") == 1, rec["chosen"]["ops"]
+    run_new = relax.VirtualMachine(tvm.compile(new, "llvm"), tvm.cpu())["main"]
+    run_old = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"]
+    for t in range(2):
+        a = tvm.runtime.tensor(np.random.default_rng(t).uniform(-1, 1, (32, 48)).astype("float32"))
+        for got, ref in zip(run_new(a), run_old(a)):
+            np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_matmul_providers_keep_results():
     mod = matmul_model()
     log = []
-    new = DerivationTransform(**SMALL, min_speedup=1e-9, confirm_by_measurement=False,
+    new = DerivationTransform(**SMALL, min_speedup=0, confirm_by_measurement=False,
                               log=log)(mod)
     (rec,) = log
     assert rec["applied"] and rec["chosen"]["ops"] != ["relax.matmul"]
@@ -140,7 +173,7 @@ def test_planted_wrong_rule_is_rejected():
     mod = conv_relu_conv(channels=4, size=8)
     log = []
     transform = DerivationTransform(max_depth=1, max_states=10, time_limit_s=3.0,
-                                    rules=[_Wrong()], targets={}, min_speedup=1e-9,
+                                    rules=[_Wrong()], targets={}, min_speedup=0,
                                     confirm_by_measurement=False, providers=False, log=log)
     new = transform(mod)
     assert structural_equal(new, mod)

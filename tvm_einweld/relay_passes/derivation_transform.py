@@ -46,6 +46,7 @@ from tvm.ir.expr import Constant
 from ..expr.expression import Expr
 from ..expr.fingerprint import structurally_equal
 from ..verify.random_testing import compare_relax
+from ..verify.smt import ProofResult
 from . import numpy_gemm
 from .op_cost import EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, program_seconds, time_call
 from .search import Budget, SearchResult, SearchStats, State, default_rules, \
@@ -60,18 +61,16 @@ Emit = Callable[[relax.BlockBuilder, Values], relax.Expr]
 class Program:
     """One candidate replacement of an operator and its cost."""
 
-    label: str  # "original", "numpy_gemm", "derived"
+    label: str  # "original", "numpy_gemm", "derived", "merged"
     kernels: Tuple[Kernel, ...]
     emit: Emit = field(compare=False, repr=False)
-    state: Optional[State] = field(default=None, compare=False, repr=False)
+    rules: Tuple[str, ...] = ()
+    steps: Tuple[str, ...] = ()  # the derivations, described
+    proofs: Tuple[ProofResult, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def seconds(self) -> float:
         return program_seconds(self.kernels)
-
-    @property
-    def rules(self) -> Tuple[str, ...]:
-        return self.state.rules if self.state is not None else ()
 
     @property
     def ops(self) -> Tuple[str, ...]:
@@ -135,10 +134,8 @@ class SubprogramResult:
             out["index"] = self.subprogram.index
             out["applied"] = self.applied
             out["verification"] = self.verification
-            out["proofs"] = [str(p) for o in self.ops if o.chosen.state is not None
-                             for d in o.chosen.state.derivations for p in d.proofs]
-            out["derivations"] = [str(d) for o in self.ops if o.chosen.state is not None
-                                  for d in o.chosen.state.derivations]
+            out["proofs"] = [str(p) for o in self.ops for p in o.chosen.proofs]
+            out["derivations"] = [d for o in self.ops for d in o.chosen.steps]
             out["measured_before_s"] = self.measured_before_s
             out["measured_after_s"] = self.measured_after_s
             out["notes"] = [n for o in self.ops for n in o.notes]
@@ -160,6 +157,28 @@ def _original_emit(op: OpNode) -> Emit:
     return emit
 
 
+def _merged_emits(merged, providers: Optional[str]) -> Tuple[Emit, Emit]:
+    """Emitters of a merged pair: the first emits the merged operator and its window, the
+    second (emitted later into the same builder) reuses it for its own window."""
+    from .instantiate import Instantiator
+
+    shared: Dict[str, object] = {"bb": None, "inst": None}
+
+    def instantiator(bb: relax.BlockBuilder, values: Values):
+        if shared["bb"] is not bb:
+            shared["bb"] = bb
+            shared["inst"] = Instantiator(_builder(bb, providers), dict(values))
+        return shared["inst"]
+
+    def first(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
+        return instantiator(bb, values).output(merged.results[0])
+
+    def second(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
+        return instantiator(bb, values).output(merged.results[1])
+
+    return first, second
+
+
 def _gemm_emit(op: OpNode) -> Emit:
     a, b = op.names
 
@@ -169,11 +188,17 @@ def _gemm_emit(op: OpNode) -> Emit:
     return emit
 
 
-def _derived_emit(expr: Expr) -> Emit:
+def _builder(bb: relax.BlockBuilder, providers: Optional[str]):
+    """`bb`, or (with a target in `providers`) a builder that emits matched matmuls with the
+    provider that measures faster there."""
+    return bb if providers is None else numpy_gemm.ProviderBuilder(bb, providers)
+
+
+def _derived_emit(expr: Expr, providers: Optional[str]) -> Emit:
     def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
         from .instantiate import Instantiator
 
-        return Instantiator(bb, dict(values)).output(expr)
+        return Instantiator(_builder(bb, providers), dict(values)).output(expr)
 
     return emit
 
@@ -196,14 +221,20 @@ def subprogram_module(ops: Sequence[OpNode], emits: Optional[Sequence[Emit]] = N
                 name = arg.name if isinstance(arg, relax.Var) else f"const{len(params)}"
                 values[arg] = relax.Var(name, arg.ty)
                 params.append(values[arg])
+    # Emitters see every tensor name of the subprogram that is available (a merged pair reads
+    # its partner's inputs); results become available as their operators are emitted.
+    named = {n: values.get(a, a) for op in ops for n, a in zip(op.names, op.args)
+             if a not in defined}
+    result_names = {a: n for op in ops for n, a in zip(op.names, op.args) if a in defined}
     with bb.function("main", params):
         with bb.dataflow():
             outs = []
             for k, op in enumerate(ops):
-                named = {n: values.get(a, a) for n, a in zip(op.names, op.args)}
                 emit = emits[k] if emits is not None else _original_emit(op)
                 var = bb.emit(emit(bb, named))
                 values[op.var] = var
+                if op.var in result_names:
+                    named[result_names[op.var]] = var
                 outs.append(var)
             out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
         bb.emit_func_output(out)
@@ -297,7 +328,7 @@ class DerivationTransform:
     Parameters: `max_depth`, `max_states`, `time_limit_s` (per operator) and `seed` bound the
     search; `rules` / `targets` override the rule set and the converging targets;
     `target` is where candidates are timed; `min_speedup` is the estimated gain a rewrite
-    needs; `max_instantiations` caps derived candidates per operator; `providers` enables the
+    needs (0 applies the cheapest alternative whatever it costs, for testing); `max_instantiations` caps derived candidates per operator; `providers` enables the
     numpy GEMM provider; `log` is a JSON-lines path or a list receiving one record per
     subprogram; `confirm_by_measurement` times a verified rewrite against the original
     subprogram and drops it unless it is faster (the eOperator estimate is a lower bound for
@@ -344,7 +375,7 @@ class DerivationTransform:
                 if res.applied:
                     for o in res.ops:
                         if o.chosen is not o.original:
-                            replacements[o.op.var] = _bound(o.chosen.emit, o.op)
+                            replacements[o.op.var] = _bound(o.chosen.emit, sub)
             if apply and replacements:
                 out = rebuild_function(out, fname, replacements)
         if out is not mod:
@@ -352,11 +383,10 @@ class DerivationTransform:
         return out, tuple(results)
 
     def optimise_subprogram(self, sub: Subprogram) -> SubprogramResult:
-        ops = tuple(self.optimise_op(op) for op in sub.ops)
+        ops = self.merge_pairs(sub, [self.optimise_op(op) for op in sub.ops])
         if all(o.chosen is o.original for o in ops):
             return SubprogramResult(sub, ops, False, True, "original kept (cheapest)")
-        unproven = [str(p) for o in ops if o.chosen.state is not None
-                    for d in o.chosen.state.derivations for p in d.proofs if not p.proven]
+        unproven = [str(p) for o in ops for p in o.chosen.proofs if not p.proven]
         before = subprogram_module(sub.ops)
         after = subprogram_module(sub.ops, [o.chosen.emit for o in ops])
         try:
@@ -399,12 +429,60 @@ class DerivationTransform:
             candidates += self._derived(op, result, notes)
         except Exception as err:  # the search is an optimisation: failing it keeps the op
             notes.append(f"search failed: {type(err).__name__}: {err}")
+        return OpResult(op, tuple(candidates), self.choose(candidates), stats, tuple(notes))
+
+    def choose(self, candidates: Sequence[Program]) -> Program:
+        """The cheapest candidate whose estimated speedup over the original (candidates[0])
+        exceeds `min_speedup`; the original when there is none (`min_speedup=0` takes the
+        cheapest alternative whatever its cost: used to exercise the rewrite path)."""
         original = candidates[0]
-        chosen = original
-        for cand in candidates[1:]:
-            if cand.seconds * self.min_speedup < original.seconds and cand.seconds < chosen.seconds:
-                chosen = cand
-        return OpResult(op, tuple(candidates), chosen, stats, tuple(notes))
+        faster = [c for c in candidates[1:] if c.seconds * self.min_speedup < original.seconds]
+        return min(faster, key=lambda c: c.seconds) if faster else original
+
+    def merge_pairs(self, sub: Subprogram, ops: List[OpResult]) -> Tuple[OpResult, ...]:
+        """Inter-expression merging (EinNet §4.2, Algorithm 1 line 11): two operators that
+        compute the same thing on one shared input become one operator on concatenated
+        inputs, when that is cheaper than their current choices."""
+        from .derivation import RuleNotApplicable
+        from .inter_expression import merge_expressions
+
+        merged_away: set = set()
+        for i, j in ((i, j) for i in range(len(ops)) for j in range(i + 1, len(ops))):
+            if i in merged_away or j in merged_away:
+                continue
+            a, b = ops[i], ops[j]
+            later = {op.var for op in sub.ops[i:]}
+            if any(arg in later for arg in b.op.args):
+                continue  # b's inputs are not all available where a is computed
+            try:
+                merged = merge_expressions(a.op.expr, b.op.expr)
+                emit_a, emit_b = _merged_emits(merged, self._providers)
+                mod = subprogram_module((a.op, b.op), [emit_a, emit_b])
+                kernels = program_kernels(mod, self.target)
+            except (RuleNotApplicable, ValueError, NotImplementedError) as err:
+                a = OpResult(a.op, a.candidates, a.chosen, a.stats,
+                             a.notes + (f"merge with {b.op.var.name} not possible: {err}",))
+                ops[i] = a
+                continue
+            rules, steps = (merged.rule,), (merged.description,)
+            program = Program("merged", kernels, emit_a, rules, steps, merged.proofs)
+            partner = Program("merged", (), emit_b)
+            original = a.original.seconds + b.original.seconds
+            current = a.chosen.seconds + b.chosen.seconds
+            take = program.seconds * self.min_speedup < original and \
+                (program.seconds < current or self.min_speedup == 0)
+            ops[i] = OpResult(a.op, a.candidates + (program,), program if take else a.chosen,
+                              a.stats, a.notes)
+            if take:
+                ops[j] = OpResult(b.op, b.candidates, partner, b.stats, b.notes)
+                merged_away |= {i, j}
+        return tuple(ops)
+
+    @property
+    def _providers(self) -> Optional[str]:
+        """The target on which instantiated matmuls pick the faster provider, or None."""
+        llvm = tvm.target.Target(self.target).kind.name == "llvm"
+        return self.target if self.providers and llvm else None
 
     def search(self, expr: Expr) -> SearchResult:
         rules = self.rules if self.rules is not None else default_rules()
@@ -414,7 +492,11 @@ class DerivationTransform:
     def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None
                  ) -> Program:
         kernels = program_kernels(subprogram_module((op,), [emit]), self.target)
-        return Program(label, kernels, emit, state)
+        if state is None:
+            return Program(label, kernels, emit)
+        steps = state.derivations
+        return Program(label, kernels, emit, state.rules, tuple(str(d) for d in steps),
+                       tuple(p for d in steps for p in d.proofs))
 
     def _derived(self, op: OpNode, result: SearchResult, notes: List[str]) -> List[Program]:
         """Instantiate the matched states first, then explored ones, up to the cap."""
@@ -429,7 +511,8 @@ class DerivationTransform:
                 continue
             tried.append(state.expr)
             try:
-                out.append(self._program("derived", op, _derived_emit(state.expr), state))
+                out.append(self._program("derived", op,
+                                         _derived_emit(state.expr, self._providers), state))
             except Exception as err:  # not instantiable (yet): not a candidate
                 notes.append(f"state {' > '.join(state.rules)} not instantiated: "
                              f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
@@ -447,9 +530,10 @@ class DerivationTransform:
                 fh.write(json.dumps(rec) + "\n")
 
 
-def _bound(emit: Emit, op: OpNode) -> Callable[[relax.BlockBuilder], relax.Expr]:
-    """An emitter for `rebuild_function`: `emit` applied to the operator's own arguments."""
-    values = dict(zip(op.names, op.args))
+def _bound(emit: Emit, sub: Subprogram) -> Callable[[relax.BlockBuilder], relax.Expr]:
+    """An emitter for `rebuild_function`: `emit` applied to the subprogram's own values (the
+    original variables stay bound, so they are valid where the replacement is emitted)."""
+    values = {n: a for op in sub.ops for n, a in zip(op.names, op.args)}
     return lambda bb: emit(bb, values)
 
 

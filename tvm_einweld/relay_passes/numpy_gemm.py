@@ -78,4 +78,36 @@ def choose_matmul_provider(a: relax.Expr, b: relax.Expr, target: str = "llvm") -
     return ("numpy_gemm", gemm_time) if gemm_time < tvm_time else ("tvm", tvm_time)
 
 
-__all__ = ["GLOBAL_NAME", "matmul_call", "supports", "output_shape", "choose_matmul_provider"]
+def faster_matmul(call: relax.Expr, target: str = "llvm") -> relax.Expr:
+    """`call` itself, or the numpy provider's call when `call` is a plain float matmul that
+    the provider computes faster on `target` (measured)."""
+    if not isinstance(call, relax.Call) or getattr(call.op, "name", None) != "relax.matmul":
+        return call
+    a, b = call.args
+    out_dtype = getattr(call.attrs, "out_dtype", None)
+    if out_dtype not in (None, "") and str(out_dtype) != str(getattr(a.ty, "dtype", "")):
+        return call
+    if not supports(a, b) or tvm.target.Target(target).kind.name != "llvm":
+        return call
+    provider, _ = choose_matmul_provider(a, b, target)
+    return matmul_call(a, b) if provider == "numpy_gemm" else call
+
+
+class ProviderBuilder:
+    """A BlockBuilder stand-in that emits every matmul with its faster provider, so programs
+    built by instantiation use numpy's BLAS where it measures faster (EinNet §5: vendor
+    kernels for matched operators). Everything else is the wrapped builder's."""
+
+    def __init__(self, bb: relax.BlockBuilder, target: str = "llvm") -> None:
+        self._bb = bb
+        self._target = target
+
+    def emit(self, expr: relax.Expr, name_hint: str = "") -> relax.Var:
+        return self._bb.emit(faster_matmul(expr, self._target), name_hint)
+
+    def __getattr__(self, name: str):
+        return getattr(self._bb, name)
+
+
+__all__ = ["GLOBAL_NAME", "matmul_call", "supports", "output_shape", "choose_matmul_provider",
+           "faster_matmul", "ProviderBuilder"]

@@ -29,12 +29,13 @@ from __future__ import annotations
 import heapq
 import random
 import time
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..expr.expression import Expr
 from ..expr.fingerprint import fingerprint, structurally_equal
-from .derivation import Derivation, Rule
+from .derivation import Derivation, Rule, RuleNotApplicable, check, locations
 
 Distance = Callable[[Expr], Optional[float]]
 Priority = Callable[["State"], float]
@@ -168,16 +169,56 @@ class _Clock:
         return time.perf_counter() - self.start
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """A rule instance whose side conditions are not proven yet: `prove()` returns the
+    derivation, or None when a condition does not hold. The search proves only proposals it
+    keeps (new, and improving where converging), since the z3 proofs dominate its time."""
+
+    rule: str
+    result: Expr
+    prove: Callable[[], Optional[Derivation]] = field(compare=False, repr=False)
+
+
+def proposals(expr: Expr, rules: Sequence[Rule], errors: List[str]) -> List[Proposal]:
+    """Every instance of every rule at every level of `expr`, unproven. A rule that overrides
+    `Rule.apply` is asked for its (proven) derivations instead."""
+    out: List[Proposal] = []
+    for rule in rules:
+        name = getattr(rule, "name", type(rule).__name__)
+        try:
+            if type(rule).apply is not Rule.apply:
+                out += [Proposal(name, d.result, lambda d=d: d) for d in rule.apply(expr)]
+                continue
+            for loc in locations(expr):
+                for cand in rule.candidates(loc.expr, loc.is_top):
+                    try:
+                        result = loc.rebuild(cand.result)
+                    except RuleNotApplicable:
+                        continue
+                    out.append(Proposal(name, result, _prover(name, cand, loc)))
+        except Exception as err:  # a faulty rule must not stop the search; it is reported
+            errors.append(f"{name} on {expr}: {type(err).__name__}: {err}")
+    return out
+
+
+def _prover(name: str, cand, loc) -> Callable[[], Optional[Derivation]]:
+    def prove() -> Optional[Derivation]:
+        try:
+            return check(name, cand, loc)
+        except RuleNotApplicable:
+            return None
+
+    return prove
+
+
 def successors(state: State, rules: Sequence[Rule], errors: List[str]) -> List[State]:
     """Every proven derivation of every rule from `state`, as states one level deeper."""
     out = []
-    for rule in rules:
-        try:
-            for d in rule.apply(state.expr):
-                out.append(State(d.result, state.depth + 1, state, d))
-        except Exception as err:  # a faulty rule must not stop the search; it is reported
-            errors.append(f"{getattr(rule, 'name', type(rule).__name__)} on {state.expr}: "
-                          f"{type(err).__name__}: {err}")
+    for p in proposals(state.expr, rules, errors):
+        d = p.prove()
+        if d is not None:
+            out.append(State(d.result, state.depth + 1, state, d))
     return out
 
 
@@ -221,11 +262,15 @@ def _explore(start: State, rules, budget: Budget, clock: _Clock, seen: _Seen,
         if state.depth >= budget.max_depth:
             continue
         expanded += 1
-        children = successors(state, rules, errors)
-        rng.shuffle(children)
-        for child in children:
-            if seen.known(child.expr, child.depth):
+        props = proposals(state.expr, rules, errors)
+        rng.shuffle(props)
+        for prop in props:
+            if seen.known(prop.result, state.depth + 1):
                 continue
+            d = prop.prove()
+            if d is None:
+                continue
+            child = State(d.result, state.depth + 1, state, d)
             seen.add(child)
             states.append(child)
             clock.states += 1
@@ -270,43 +315,57 @@ def converge(
     distance: Distance,
     budget: Budget = Budget(),
     clock: Optional[_Clock] = None,
+    cost: Optional[Callable[[Expr], float]] = None,
 ) -> Tuple[Optional[State], int]:
-    """Converging derivation: only derivations that reduce `distance` are followed.
+    """Converging derivation towards one target operator.
 
-    Best-first on the distance, within `budget.max_depth` further steps and `budget.max_states`
-    new states. Returns the first state at distance 0 (or None) and the number of states it
-    created. `clock` shares a deadline with a surrounding search.
+    Only derivations that improve (distance, cost) lexicographically are followed: first the
+    distance must drop (EinNet's rule) until it is 0, i.e. the expression instantiates as the
+    target; from then on a derivation must keep it at 0 and lower `cost` (traversal merging
+    that removes an intermediate, boundary tightening that stops computing padding). Each path
+    therefore strictly improves, so the phase is short. Best-first on (distance, cost), within
+    `budget.max_depth` further steps and `budget.max_states` new states; `clock` shares a
+    deadline with a surrounding search. Returns the cheapest state at distance 0 (or None) and
+    the number of states created.
     """
     clock = _Clock(budget, clock.deadline if clock is not None else None)
+    cost = cost or (lambda e: 0.0)
     d0 = distance(start.expr)
     if d0 is None:
         return None, 0
-    if d0 == 0:
-        return start, 0
+    key0 = (d0, cost(start.expr))
+    best: Optional[Tuple[Tuple[float, float], State]] = (key0, start) if d0 == 0 else None
     rng = random.Random(budget.seed)
     seen = _Seen()
     seen.add(start)
     errors: List[str] = []
     created, order = 0, 0
-    frontier: List[Tuple[float, int, State, float]] = [(d0, 0, start, d0)]
+    frontier: List[Tuple[Tuple[float, float], int, State]] = [(key0, 0, start)]
     while frontier and not clock.out():
-        _, _, state, dist = heapq.heappop(frontier)
+        key, _, state = heapq.heappop(frontier)
         if state.depth - start.depth >= budget.max_depth:
             continue
-        children = successors(state, rules, errors)
-        rng.shuffle(children)
-        for child in children:
-            d = distance(child.expr)
-            if d is None or d >= dist or seen.known(child.expr, child.depth):
+        props = proposals(state.expr, rules, errors)
+        rng.shuffle(props)
+        for prop in props:
+            d = distance(prop.result)
+            if d is None or d > key[0]:
                 continue
+            child_key = (d, cost(prop.result))
+            if child_key >= key or seen.known(prop.result, state.depth + 1):
+                continue
+            derivation = prop.prove()
+            if derivation is None:
+                continue
+            child = State(derivation.result, state.depth + 1, state, derivation)
             seen.add(child)
             created += 1
             clock.states += 1
-            if d == 0:
-                return child, created
+            if d == 0 and (best is None or child_key < best[0]):
+                best = (child_key, child)
             order += 1
-            heapq.heappush(frontier, (d, order, child, d))
-    return None, created
+            heapq.heappush(frontier, (child_key, order, child))
+    return (best[1] if best is not None else None), created
 
 
 def distance_guided_search(
@@ -316,34 +375,50 @@ def distance_guided_search(
     budget: Budget = Budget(),
     converging_rules: Optional[Sequence[Rule]] = None,
     rank: Optional[Callable[[Expr], float]] = None,
+    cost: Optional[Callable[[Expr], float]] = None,
+    converge_states: int = 200,
+    stop_when: Optional[Callable[[Match], bool]] = None,
 ) -> SearchResult:
-    """Explorative derivation, then converging derivation from each explored state towards
-    each target operator (EinNet's DISTANCEGUIDEDSEARCH). Matches are reported in order."""
+    """EinNet's DISTANCEGUIDEDSEARCH: explorative derivation (breadth-first up to
+    `budget.max_depth`), and from every explored state as soon as it is found, converging
+    derivation towards each target operator (at most `converge_states` states each). The
+    budget's states and deadline cover both phases. Matches are reported in discovery order,
+    one per distinct (target, expression). `cost` orders converging among equal distances
+    (default: `op_cost.roofline_seconds`); `stop_when(match)` returning True ends the search
+    (stopped_by "goal")."""
+    if cost is None:
+        from .op_cost import roofline_seconds as cost
     targets = dict(targets or {})
     conv_rules = list(converging_rules) if converging_rules is not None else list(rules)
+    conv_budget = Budget(max_depth=budget.max_depth, max_states=converge_states,
+                         time_limit_s=budget.time_limit_s, seed=budget.seed)
     clock = _Clock(budget)
-    seen = _Seen()
-    result = _explore(State(expr), rules, budget, clock, seen, None, rank, None)
     matches: List[Match] = []
-    matched_fps: Dict[Tuple[str, str], List[Expr]] = {}
-    converged = 0
-    for state in result.states:
+    matched: Dict[Tuple[str, str], List[Expr]] = {}
+    converged = [0]
+
+    def on_state(state: State) -> bool:
         for name, dist in sorted(targets.items()):
             if time.perf_counter() > clock.deadline:
-                clock.stopped_by = "time_limit"
-                break
-            found, created = converge(state, conv_rules, dist, budget, clock)
-            converged += created
+                return False
+            found, created = converge(state, conv_rules, dist, conv_budget, clock, cost)
+            converged[0] += created
+            clock.states += created
             if found is None:
                 continue
             key = (name, fingerprint(found.expr))
-            if any(structurally_equal(e, found.expr) for e in matched_fps.get(key, [])):
+            if any(structurally_equal(e, found.expr) for e in matched.get(key, [])):
                 continue
-            matched_fps.setdefault(key, []).append(found.expr)
+            matched.setdefault(key, []).append(found.expr)
             matches.append(Match(name, found))
-    stats = SearchStats(result.stats.states + converged, seen.pruned, seen.collisions,
-                        result.stats.expanded, clock.seconds, clock.stopped_by,
-                        result.stats.rule_errors)
+            if stop_when is not None and stop_when(matches[-1]):
+                return True
+        return False
+
+    result = _explore(State(expr), rules, budget, clock, _Seen(), None, rank, on_state)
+    stats = SearchStats(result.stats.states + converged[0], result.stats.pruned,
+                        result.stats.collisions, result.stats.expanded, clock.seconds,
+                        clock.stopped_by, result.stats.rule_errors)
     all_states = result.states + tuple(m.state for m in matches)
     return SearchResult(result.start, all_states, stats,
                         _best_per_depth(all_states, rank, None), tuple(matches))
@@ -365,14 +440,38 @@ def default_rules() -> List[Rule]:
             BoundaryTightening()]
 
 
+def level_distance(op: str) -> Distance:
+    """Expression distance of a whole expression to operator `op`, summed over its
+    compute-bound levels (the ones instantiation must map to a predefined operator;
+    memory-bound levels become eOperators): 0 for a level that `mapping_table` matches to
+    `op`, else its mismatch count (`mapping_table.expression_distance`, at least 1). None
+    for an expression with no compute-bound level: it is all eOperators, not `op`."""
+    from .mapping_table import MATCHERS, expression_distance
+    from .op_cost import is_memory_bound, levels
+
+    matcher = MATCHERS.get(op)
+
+    @lru_cache(maxsize=65536)
+    def level(expr: Expr) -> int:
+        if matcher is not None and next(iter(matcher(expr)), None) is not None:
+            return 0  # several iterators of a group flatten into one dimension
+        return max(1, expression_distance(expr, op))
+
+    @lru_cache(maxsize=65536)
+    def distance(expr: Expr) -> Optional[float]:
+        heavy = [e for e in levels(expr) if not is_memory_bound(e)]
+        if not heavy:
+            return None  # only eOperators: nothing left to become `op`
+        return float(sum(level(e) for e in heavy))
+
+    return distance
+
+
 def default_targets() -> Dict[str, Distance]:
-    """Converging targets: the predefined operators of the iterator-mapping table with their
-    expression distance (`mapping_table.expression_distance`)."""
-    from .mapping_table import expression_distance
-
-    return {op: (lambda e, op=op: expression_distance(e, op))
-            for op in ("matmul", "conv2d", "g2bmm")}
+    """Converging targets: the predefined operators of the iterator-mapping table."""
+    return {op: level_distance(op) for op in ("matmul", "conv2d", "g2bmm")}
 
 
-__all__ = ["Budget", "State", "Match", "SearchStats", "SearchResult", "explore", "converge",
-           "distance_guided_search", "successors", "default_rules", "default_targets"]
+__all__ = ["Budget", "State", "Proposal", "proposals", "Match", "SearchStats", "SearchResult", "explore", "converge",
+           "distance_guided_search", "successors", "default_rules", "default_targets",
+           "level_distance"]
