@@ -377,15 +377,15 @@ def distance_guided_search(
     rank: Optional[Callable[[Expr], float]] = None,
     cost: Optional[Callable[[Expr], float]] = None,
     converge_states: int = 200,
-    stop_when: Optional[Callable[[Match], bool]] = None,
+    stop_when: Optional[Callable[[State], bool]] = None,
 ) -> SearchResult:
     """EinNet's DISTANCEGUIDEDSEARCH: explorative derivation (breadth-first up to
     `budget.max_depth`), and from every explored state as soon as it is found, converging
     derivation towards each target operator (at most `converge_states` states each). The
     budget's states and deadline cover both phases. Matches are reported in discovery order,
     one per distinct (target, expression). `cost` orders converging among equal distances
-    (default: `op_cost.roofline_seconds`); `stop_when(match)` returning True ends the search
-    (stopped_by "goal")."""
+    (default: `op_cost.roofline_seconds`); `stop_when(state)`, asked of every explored state
+    and every match, ends the search when it returns True (stopped_by "goal")."""
     if cost is None:
         from .op_cost import roofline_seconds as cost
     targets = dict(targets or {})
@@ -398,6 +398,8 @@ def distance_guided_search(
     converged = [0]
 
     def on_state(state: State) -> bool:
+        if stop_when is not None and stop_when(state):
+            return True
         for name, dist in sorted(targets.items()):
             if time.perf_counter() > clock.deadline:
                 return False
@@ -411,7 +413,7 @@ def distance_guided_search(
                 continue
             matched.setdefault(key, []).append(found.expr)
             matches.append(Match(name, found))
-            if stop_when is not None and stop_when(matches[-1]):
+            if stop_when is not None and stop_when(found):
                 return True
         return False
 
