@@ -1,0 +1,25 @@
+"""The zoo benchmark: `python benchmarks/zoo.py [--quick]`.
+
+The same code as `python -m tvm_einweld bench`; see `--help`. `--quick` measures a few
+small models with a token tuning budget in a few minutes on 2 cores; without it every zoo
+model is measured with 1000 MetaSchedule trials per model (hours on 2 cores).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from tvm_einweld.cli import UserError
+from tvm_einweld.commands import bench
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="benchmarks/zoo.py", description=bench.HELP)
+    bench.add_arguments(parser)
+    args = parser.parse_args()
+    args.command_line = "python benchmarks/zoo.py " + " ".join(map(shlex.quote, sys.argv[1:]))
+    try:
+        sys.exit(bench.run(args))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,85 @@
+"""The model zoo: every model is a valid ONNX graph that TVM imports, compiles and runs to the
+same numbers as onnxruntime on random inputs."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from tvm_einweld.bench.check import compare_outputs
+from tvm_einweld.bench.runners import TVM_UNTUNED, reference_outputs
+from tvm_einweld.models import ZOO, build_model, input_shapes, random_inputs
+
+# The shapes the papers use (EinNet §7, Welder §6), as the zoo promises them at batch 1.
+EXPECTED_IO = {
+    "infogan": ({"z": (1, 228, 1, 1)}, (1, 3, 32, 32)),
+    "dcgan": ({"z": (1, 100, 1, 1)}, (1, 3, 64, 64)),
+    "fsrcnn": ({"lr": (1, 1, 32, 32)}, (1, 1, 128, 128)),
+    "gcn": ({"image": (1, 3, 224, 224)}, (1, 21, 224, 224)),
+    "resnet18": ({"image": (1, 3, 224, 224)}, (1, 1000)),
+    "csrnet": ({"features": (1, 512, 14, 14)}, (1, 1, 14, 14)),
+    "longformer": ({"hidden": (1, 512, 768)}, (1, 512, 768)),
+    "bert": ({"hidden": (1, 128, 768)}, (1, 128, 768)),
+    "vit": ({"hidden": (1, 197, 384)}, (1, 197, 384)),
+    "mobilenetv2": ({"features": (1, 24, 56, 56)}, (1, 32, 28, 28)),
+    "nafnet": ({"features": (1, 32, 128, 128)}, (1, 32, 128, 128)),
+    "nerf": ({"position": (4096, 63), "direction": (4096, 27)}, (4096, 4)),
+}
+
+
+def _tvm_matches_onnxruntime(model: onnx.ModelProto) -> None:
+    inputs = random_inputs(model, seed=3)
+    expected = reference_outputs(model, inputs)
+    run = TVM_UNTUNED.prepare(model, 0, None)
+    agreement = compare_outputs(run(inputs), expected)
+    assert agreement.ok, agreement.detail
+    # A model whose output is (nearly) constant would make the comparison vacuous.
+    assert all(np.std(e) > 1e-3 for e in expected)
+
+
+def test_zoo_lists_every_model_with_its_shapes() -> None:
+    assert set(ZOO) == set(EXPECTED_IO)
+    for name, entry in ZOO.items():
+        assert 1 in entry.batches and entry.summary, name
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_model_is_valid_onnx_with_paper_shapes(name: str) -> None:
+    model = build_model(name, batch=1)
+    onnx.checker.check_model(model, full_check=True)
+    assert model.ir_version == 8
+    assert {o.domain: o.version for o in model.opset_import}[""] == 17
+    inputs, output = EXPECTED_IO[name]
+    assert input_shapes(model) == inputs
+    out_dims = tuple(d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim)
+    assert out_dims == output
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_model_is_deterministic(name: str) -> None:
+    """Fixed seeds: the same bytes on every build, the same inputs for the same seed."""
+    assert build_model(name).SerializeToString() == build_model(name).SerializeToString()
+    model = build_model(name)
+    a, b, c = random_inputs(model, 1), random_inputs(model, 1), random_inputs(model, 2)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+        assert not np.array_equal(a[key], c[key])
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_tvm_import_equals_onnxruntime(name: str) -> None:
+    _tvm_matches_onnxruntime(build_model(name, batch=1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(n for n, m in ZOO.items() if 16 in m.batches))
+def test_tvm_import_equals_onnxruntime_batch16(name: str) -> None:
+    _tvm_matches_onnxruntime(build_model(name, batch=16))
+
+
+def test_batch_scales_only_the_batch_axis() -> None:
+    for name in ["resnet18", "bert", "nerf"]:
+        one, sixteen = input_shapes(build_model(name, 1)), input_shapes(build_model(name, 16))
+        for key in one:
+            assert sixteen[key][0] == 16 * one[key][0]
+            assert sixteen[key][1:] == one[key][1:]

@@ -1,0 +1,184 @@
+"""Writing benchmark results: a Markdown report, a JSON dump and an optional PNG chart."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .harness import OK, SKIPPED, ModelResult
+from .machine import MachineInfo
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    command: str
+    started_utc: str
+    wall_seconds: float
+    machine: MachineInfo
+    load_average: Optional[float]  # 1-minute load when the run started
+    trials: int
+    runners: tuple[str, ...]
+    baseline: str  # ratios are baseline latency / runner latency (> 1: faster than baseline)
+    models: tuple[ModelResult, ...]
+    notes: tuple[str, ...] = ()
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def speedup(model: ModelResult, runner: str, baseline: str) -> Optional[float]:
+    mine, base = model.latency(runner), model.latency(baseline)
+    return base / mine if mine and base else None
+
+
+def geomean(values: Sequence[float]) -> Optional[float]:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def _cell(model: ModelResult, runner: str, baseline: str) -> str:
+    r = model.result(runner)
+    if r is None:
+        return "–"
+    if r.status != OK:
+        return r.status
+    ratio = speedup(model, runner, baseline)
+    return f"{_ms(r.latency)} ({ratio:.2f}×)" if ratio else _ms(r.latency)
+
+
+def latency_table(suite: SuiteResult) -> str:
+    head = ["model", "batch", *suite.runners]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in suite.models:
+        lines.append("| " + " | ".join([m.model, str(m.batch)] +
+                                        [_cell(m, r, suite.baseline) for r in suite.runners]) + " |")
+    means = []
+    for r in suite.runners:
+        g = geomean([s for m in suite.models if (s := speedup(m, r, suite.baseline))])
+        means.append(f"{g:.2f}×" if g else "–")
+    lines.append("| geomean speedup vs " + suite.baseline + " | | " + " | ".join(means) + " |")
+    return "\n".join(lines)
+
+
+def roofline_table(suite: SuiteResult) -> str:
+    m_info = suite.machine
+    lines = ["| model | batch | GFLOP | compulsory MB | unfused MB | FLOP/byte | roofline bound ms "
+             "| best runner | best ms | distance |", "|" + "---|" * 10]
+    for m in suite.models:
+        if m.cost is None:
+            continue
+        c = m.cost
+        bound = c.bound_seconds(m_info)
+        ok = [r for r in m.results if r.status == OK and r.latency]
+        best = min(ok, key=lambda r: r.latency) if ok else None
+        lines.append(
+            f"| {m.model} | {m.batch} | {c.flops / 1e9:.3g} | {c.min_bytes / 1e6:.3g} | "
+            f"{c.unfused_bytes / 1e6:.3g} | {c.intensity():.0f} | {_ms(bound)} | "
+            + (f"{best.runner} | {_ms(best.latency)} | {best.latency / bound:.1f}× |"
+               if best else "– | – | – |"))
+    return "\n".join(lines)
+
+
+def problems(suite: SuiteResult) -> list[str]:
+    """Runners that failed or disagreed with the reference (skips are listed once in notes)."""
+    return [f"- {m.model} b{m.batch}, {r.runner}: **{r.status}** — {r.detail}"
+            for m in suite.models for r in m.results if r.status not in (OK, SKIPPED)]
+
+
+def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
+    balance = suite.machine.sgemm_gflops / suite.machine.copy_gbs
+    load = f"{suite.load_average:.1f}" if suite.load_average is not None else "unknown"
+    parts = [
+        f"Command: `{suite.command}`  ",
+        f"Date: {suite.started_utc} (UTC), wall time {suite.wall_seconds / 60:.1f} min  ",
+        f"Machine: {suite.machine.describe()}; machine balance {balance:.0f} FLOP/byte; "
+        f"1-min load average at start {load}  ",
+        f"Tuning budget: {suite.trials} MetaSchedule trials per model for every tuned runner",
+        "",
+        "## Latency (median ms) and speedup vs " + suite.baseline,
+        "",
+        f"Cells: median latency in ms (speedup = {suite.baseline} latency / this latency; "
+        "> 1 is faster). Runners were called in alternation and every output was checked "
+        "against onnxruntime (graph optimisations off) before timing.",
+        "",
+        latency_table(suite),
+        "",
+        "## Distance from the roofline",
+        "",
+        "Bound = max(FLOPs / sgemm peak, compulsory bytes / copy bandwidth); compulsory bytes "
+        "= inputs + weights + outputs once; unfused bytes = every operator's inputs and "
+        "outputs through memory. Distance = best latency / bound.",
+        "",
+        roofline_table(suite),
+        "",
+    ]
+    issues = problems(suite)
+    if issues:
+        parts += ["## Runners not timed", "", *issues, ""]
+    if suite.notes:
+        parts += ["## Notes", "", *[f"- {n}" for n in suite.notes], ""]
+    if chart:
+        parts += [f"![speedup chart]({chart})", ""]
+    return "\n".join(parts)
+
+
+def write_chart(suite: SuiteResult, path: Path) -> Optional[str]:
+    """A grouped bar chart of speedups vs the baseline; returns a note when it cannot."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no chart (pip install 'tvm_einweld[plot]')"
+    labels = [f"{m.model}\nb{m.batch}" for m in suite.models]
+    width = 0.8 / max(1, len(suite.runners))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4))
+    for i, runner in enumerate(suite.runners):
+        values = [speedup(m, runner, suite.baseline) or 0.0 for m in suite.models]
+        ax.bar([x + i * width for x in range(len(labels))], values, width, label=runner)
+    ax.set_xticks([x + width * (len(suite.runners) - 1) / 2 for x in range(len(labels))])
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel(f"speedup vs {suite.baseline} (log)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def to_json(suite: SuiteResult) -> str:
+    def default(obj):
+        if dataclasses.is_dataclass(obj):
+            return dataclasses.asdict(obj)
+        raise TypeError(type(obj).__name__)
+
+    data = dataclasses.asdict(suite)
+    for m, model in zip(data["models"], suite.models):
+        for r, res in zip(m["results"], model.results):
+            r["median_seconds"] = res.latency
+    return json.dumps(data, indent=1, default=default)
+
+
+def write_report(suite: SuiteResult, markdown_path: Path, chart: bool = True) -> list[str]:
+    """Write `markdown_path`, a `.json` next to it and (if possible) a `.png` chart.
+
+    Returns notes for the user (e.g. why the chart is missing)."""
+    markdown_path.parent.mkdir(parents=True, exist_ok=True)
+    notes, chart_name = [], None
+    if chart:
+        png = markdown_path.with_suffix(".png")
+        note = write_chart(suite, png)
+        if note:
+            notes.append(note)
+        else:
+            chart_name = png.name
+    markdown_path.write_text(markdown(suite, chart_name))
+    markdown_path.with_suffix(".json").write_text(to_json(suite))
+    return notes

@@ -1,0 +1,162 @@
+"""Baseline runners: ways to execute an ONNX model that a benchmark compares side by side.
+
+A runner is a name plus `prepare(model, trials, work_dir) -> run`, where `run` maps a dict of
+numpy inputs (graph input name -> array) to the list of numpy outputs. Preparing may tune
+(within `trials` measurement trials) and compile; `run` only executes. To add a runner, make
+one more `Runner` and pass it to the harness, or `register_runner` it for the CLI.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+import onnx
+
+Inputs = Mapping[str, np.ndarray]
+RunFn = Callable[[Inputs], list[np.ndarray]]
+PrepareFn = Callable[[onnx.ModelProto, int, Path], RunFn]
+
+
+@dataclass(frozen=True)
+class Runner:
+    name: str
+    prepare: PrepareFn
+    description: str
+    # Returns why the runner cannot run here (missing package), or None when it can.
+    unavailable: Callable[[], Optional[str]] = lambda: None
+
+
+# ---- onnxruntime ----------------------------------------------------------------------------
+def onnxruntime_session(model: onnx.ModelProto, optimize: bool = True, threads: int = 0):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                     else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def reference_outputs(model: onnx.ModelProto, inputs: Inputs) -> list[np.ndarray]:
+    """onnxruntime with graph optimisations off: the ground truth every runner is checked on."""
+    return onnxruntime_session(model, optimize=False).run(None, dict(inputs))
+
+
+def _prepare_onnxruntime(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
+    session = onnxruntime_session(model, optimize=True)
+    return lambda inputs: session.run(None, dict(inputs))
+
+
+# ---- TVM ------------------------------------------------------------------------------------
+def host_target():
+    """The llvm target for this CPU: its -mcpu (vector ISA) and core count, for every TVM runner."""
+    import tvm
+    from tvm.target import codegen
+
+    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(),
+                              "num-cores": os.cpu_count() or 1})
+
+
+def graph_input_names(model: onnx.ModelProto) -> list[str]:
+    inits = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def _to_numpy_list(result) -> list[np.ndarray]:
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    return [r for item in result for r in _to_numpy_list(item)]
+
+
+def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ()) -> RunFn:
+    """Wrap a compiled Relax executable's `main` as a RunFn (inputs by graph order)."""
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    main = vm["main"]
+
+    def run(inputs: Inputs) -> list[np.ndarray]:
+        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in input_names]
+        return _to_numpy_list(main(*args, *extra_args))
+
+    run.vm = vm  # kept alive with the closure; also handy for inspection
+    return run
+
+
+def _prepare_tvm_untuned(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    return vm_runner(tvm.compile(from_onnx(model), host_target()), graph_input_names(model))
+
+
+def _prepare_tvm_tuned(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
+    """Stock TVM's tuned CPU path: MetaSchedule within `trials`, weights pre-packed.
+
+    `static_shape_tuning_pipeline(..., cpu_weight_prepack=True)` rewrites the weight layouts
+    the tuned kernels want into a separate `main_transform_params` function, which is run
+    once here (not timed), as a deployment would at load time.
+    """
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    target = host_target()
+    mod, params = relax.frontend.detach_params(from_onnx(model, keep_params_in_input=True))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    mod = relax.pipeline.static_shape_tuning_pipeline(
+        total_trials=trials, target=target, work_dir=str(work_dir), cpu_weight_prepack=True
+    )(mod)
+    executable = tvm.compile(mod, target)
+    weights = []
+    if "main" in params:
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        weights = list(vm["main_transform_params"](params["main"]))
+    return vm_runner(executable, graph_input_names(model), weights)
+
+
+# ---- PyTorch ---------------------------------------------------------------------------------
+def _pytorch_unavailable() -> Optional[str]:
+    missing = [m for m in ("torch", "onnx2torch") if importlib.util.find_spec(m) is None]
+    return f"not installed: {', '.join(missing)}" if missing else None
+
+
+def _prepare_pytorch(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
+    import onnx2torch
+    import torch
+
+    net = onnx2torch.convert(model).eval()
+    names = graph_input_names(model)
+
+    def run(inputs: Inputs) -> list[np.ndarray]:
+        with torch.inference_mode():
+            out = net(*[torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names])
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        return [o.numpy() for o in outs]
+
+    return run
+
+
+# ---- registry ------------------------------------------------------------------------------
+TVM_UNTUNED = Runner("tvm-untuned", _prepare_tvm_untuned,
+                     "stock TVM, tvm.compile(mod, llvm) without tuning")
+TVM_TUNED = Runner("tvm-tuned", _prepare_tvm_tuned,
+                   "stock TVM, relax.pipeline.static_shape_tuning_pipeline(trials, "
+                   "cpu_weight_prepack=True)")
+ONNXRUNTIME = Runner("onnxruntime", _prepare_onnxruntime,
+                     "onnxruntime CPUExecutionProvider, all graph optimisations")
+PYTORCH = Runner("pytorch", _prepare_pytorch, "PyTorch CPU eager via onnx2torch",
+                 unavailable=_pytorch_unavailable)
+
+RUNNERS: dict[str, Runner] = {r.name: r for r in [TVM_UNTUNED, TVM_TUNED, ONNXRUNTIME, PYTORCH]}
+
+
+def register_runner(runner: Runner) -> None:
+    """Add a runner (e.g. the tvm_einweld pipeline) to the ones the CLI can select."""
+    RUNNERS[runner.name] = runner

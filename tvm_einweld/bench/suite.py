@@ -1,0 +1,96 @@
+"""The zoo benchmark: every selected model x batch through every selected runner, one report.
+
+`python -m tvm_einweld bench` and `benchmarks/zoo.py` both call `run_suite`; presets QUICK
+and FULL fix what each measures so the committed reports are reproducible.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from ..models import get_model
+from .harness import ModelResult, TimingPlan, benchmark_model
+from .machine import describe_machine, load_average
+from .report import SuiteResult
+from .runners import RUNNERS, Runner
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    models: tuple[str, ...]
+    batches: tuple[int, ...] = (1,)
+    runners: tuple[str, ...] = ("tvm-untuned", "tvm-tuned", "onnxruntime", "pytorch")
+    trials: int = 0  # MetaSchedule trials per model, the same for every tuned runner
+    baseline: str = "tvm-tuned"
+    plan: TimingPlan = TimingPlan()
+    work_dir: Optional[Path] = None  # tuning logs; a temporary directory when None
+
+
+ALL_MODELS = ("infogan", "dcgan", "fsrcnn", "gcn", "resnet18", "csrnet", "longformer",
+              "bert", "vit", "mobilenetv2", "nafnet", "nerf")
+
+# A few minutes on 2 cores: small models, a token tuning budget (MetaSchedule measures in
+# rounds of 64 candidates, so 64 trials tune roughly one kernel per model).
+QUICK = BenchConfig(models=("infogan", "fsrcnn", "mobilenetv2", "vit"), trials=64,
+                    plan=TimingPlan(repeats=5, warmup=1))
+# Every model at batch 1 with 1000 trials per model (about 15 rounds of 64 candidates).
+FULL = BenchConfig(models=ALL_MODELS, trials=1000, plan=TimingPlan(repeats=9, warmup=2))
+
+
+def resolve_runners(names: Sequence[str]) -> list[Runner]:
+    unknown = [n for n in names if n not in RUNNERS]
+    if unknown:
+        raise KeyError(f"unknown runner(s) {', '.join(unknown)}; known: {', '.join(RUNNERS)}")
+    return [RUNNERS[n] for n in names]
+
+
+def run_suite(config: BenchConfig, command: Optional[str] = None,
+              log: Callable[[str], None] = print) -> SuiteResult:
+    """Measure every (model, batch) of `config`; batches a model does not fit are skipped."""
+    runners = resolve_runners(config.runners)
+    for m in config.models:
+        get_model(m)  # fail early on a typo, before any tuning
+    started = datetime.datetime.now(datetime.timezone.utc)
+    start = time.perf_counter()
+    load = load_average()
+    machine = describe_machine()
+    log(f"machine: {machine.describe()}")
+    notes = [f"{r.name} skipped: {why}" for r in runners if (why := r.unavailable())]
+    for note in notes:
+        log(note)
+    results: list[ModelResult] = []
+    with tempfile.TemporaryDirectory(prefix="einweld_bench_") as tmp:
+        work_dir = Path(config.work_dir or tmp)
+        for name in config.models:
+            entry = get_model(name)
+            for batch in config.batches:
+                if batch not in entry.batches:
+                    log(f"{name}: batch {batch} does not fit this machine class, skipped")
+                    continue
+                log(f"{name} batch {batch}: {entry.summary}")
+                results.append(benchmark_model(name, entry.build(batch), batch, runners,
+                                               config.trials, work_dir, config.plan, log=log))
+    return SuiteResult(
+        command=command or " ".join(shlex.quote(a) for a in sys.argv),
+        started_utc=started.isoformat(timespec="seconds"),
+        wall_seconds=time.perf_counter() - start,
+        machine=machine,
+        load_average=load,
+        trials=config.trials,
+        runners=tuple(r.name for r in runners),
+        baseline=config.baseline,
+        models=tuple(results),
+        notes=tuple(notes),
+    )
+
+
+def with_overrides(config: BenchConfig, **changes) -> BenchConfig:
+    """The preset with the given fields replaced (None leaves a field as it is)."""
+    return dataclasses.replace(config, **{k: v for k, v in changes.items() if v is not None})
