@@ -1,0 +1,171 @@
+"""The benchmark harness: output checks (planted faults), runners, roofline counts, machine."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tvm_einweld.bench import machine as machine_mod
+from tvm_einweld.bench.check import compare_outputs
+from tvm_einweld.bench.harness import FAILED, OK, SKIPPED, WRONG, TimingPlan, benchmark_model
+from tvm_einweld.bench.roofline import graph_cost
+from tvm_einweld.bench.runners import (ONNXRUNTIME, TVM_TUNED, Runner, _prepare_onnxruntime,
+                                       reference_outputs)
+from tvm_einweld.models import build_model, random_inputs
+from tvm_einweld.models.graph_builder import GraphBuilder
+
+PLAN = TimingPlan(repeats=3, warmup=1, min_sample_seconds=0.0)
+
+
+# ---- compare_outputs ------------------------------------------------------------------------
+def test_compare_accepts_fp32_rounding_and_rejects_real_errors() -> None:
+    ref = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    assert compare_outputs([ref * (1 + 1e-6)], [ref]).ok
+    bad = ref.copy()
+    bad[3, 5] += 0.01 * np.abs(ref).max()
+    result = compare_outputs([bad], [ref])
+    assert not result.ok and "1/4096 elements" in result.detail
+
+
+@pytest.mark.parametrize("actual", [[np.zeros((2, 3))], [np.zeros((3, 2))],
+                                    [np.full((2, 2), np.nan)], []])
+def test_compare_rejects_shape_nan_and_count_mismatch(actual) -> None:
+    assert not compare_outputs(actual, [np.zeros((2, 2))]).ok
+
+
+# ---- harness: planted faults ------------------------------------------------------------------
+def _perturbed(model: onnx.ModelProto, trials, work_dir):
+    run = _prepare_onnxruntime(model, trials, work_dir)
+    return lambda inputs: [o + 0.05 * np.abs(o).max() for o in run(inputs)]
+
+
+def _crashing(model, trials, work_dir):
+    raise RuntimeError("codegen exploded\nsecond line")
+
+
+def _calls_counted(counter: list):
+    def prepare(model, trials, work_dir):
+        run = _prepare_onnxruntime(model, trials, work_dir)
+
+        def counted(inputs):
+            counter.append(1)
+            return run(inputs)
+        return counted
+    return prepare
+
+
+def test_wrong_failed_and_skipped_runners_are_reported_not_timed(tmp_path) -> None:
+    model = build_model("fsrcnn")
+    calls: list = []
+    runners = [
+        Runner("good", _calls_counted(calls), "onnxruntime, counted"),
+        Runner("off-by-5%", _perturbed, "planted fault: wrong output"),
+        Runner("crash", _crashing, "planted fault: raises"),
+        Runner("absent", _crashing, "not installed", unavailable=lambda: "not installed: x"),
+    ]
+    result = benchmark_model("fsrcnn", model, 1, runners, 0, tmp_path, PLAN, log=lambda s: None)
+    by_name = {r.runner: r for r in result.results}
+    assert by_name["good"].status == OK and len(by_name["good"].timing.samples) == 3
+    # check call + calls_per_sample probe + warm-up + 3 timed samples (1 call each)
+    assert len(calls) == 1 + 1 + 1 + 3
+    assert by_name["off-by-5%"].status == WRONG and by_name["off-by-5%"].timing is None
+    assert "out of tolerance" in by_name["off-by-5%"].detail
+    assert by_name["crash"].status == FAILED
+    assert by_name["crash"].detail == "RuntimeError: codegen exploded"
+    assert by_name["absent"].status == SKIPPED and by_name["absent"].detail == "not installed: x"
+    assert result.latency("good") > 0 and result.latency("crash") is None
+
+
+def test_reference_is_unoptimised_onnxruntime_and_optimised_one_agrees() -> None:
+    model = build_model("mobilenetv2")
+    inputs = random_inputs(model)
+    ref = reference_outputs(model, inputs)
+    assert compare_outputs(ONNXRUNTIME.prepare(model, 0, None)(inputs), ref).ok
+
+
+def test_stock_tvm_tuned_path_with_weight_prepack_runs_correctly(tmp_path) -> None:
+    """static_shape_tuning_pipeline(cpu_weight_prepack=True) at 0 trials: the prepack and
+    main_transform_params plumbing, checked against onnxruntime."""
+    model = build_model("fsrcnn")
+    inputs = random_inputs(model)
+    run = TVM_TUNED.prepare(model, 0, tmp_path)
+    assert compare_outputs(run(inputs), reference_outputs(model, inputs)).ok
+
+
+@pytest.mark.slow
+def test_stock_tvm_tuned_with_trials_writes_records(tmp_path) -> None:
+    model = build_model("fsrcnn")
+    inputs = random_inputs(model)
+    run = TVM_TUNED.prepare(model, 4, tmp_path)
+    assert compare_outputs(run(inputs), reference_outputs(model, inputs)).ok
+    assert (tmp_path / "database_tuning_record.json").stat().st_size > 0
+
+
+# ---- roofline ----------------------------------------------------------------------------------
+def _single_op_model(build) -> onnx.ModelProto:
+    g = GraphBuilder("one", seed=0)
+    return g.build([build(g)])
+
+
+def test_conv_and_conv_transpose_flops_and_bytes() -> None:
+    conv = _single_op_model(lambda g: g.conv(g.input("x", [2, 8, 10, 10]), 8, 16, 3, bias=False))
+    cost = graph_cost(conv)
+    assert cost.flops == 2 * (2 * 16 * 10 * 10) * (8 * 3 * 3)
+    assert cost.min_bytes == 4 * (2 * 8 * 100 + 16 * 8 * 9 + 2 * 16 * 100)
+    assert cost.unfused_bytes == cost.min_bytes  # one operator: nothing to fuse
+    convt = _single_op_model(lambda g: g.conv_transpose(g.input("x", [1, 4, 5, 5]), 4, 6, 4, 2,
+                                                        1, bias=False))
+    assert graph_cost(convt).flops == 2 * (4 * 5 * 5) * (6 * 4 * 4)
+
+
+def test_matmul_einsum_and_elementwise_flops() -> None:
+    def build(g):
+        a = g.input("a", [3, 4, 5])
+        y = g.node("MatMul", [a, g.weight([5, 7], 5)])            # 2*3*4*7*5
+        y = g.node("Relu", [y])                                     # 3*4*7
+        y = g.node("Einsum", [y, g.weight([3, 7, 2], 7)],
+                   equation="bik,bkj->bij")                         # 2*3*4*7*2
+        return g.reshape(y, [24])                                   # data movement: 0
+    cost = graph_cost(_single_op_model(build))
+    assert cost.flops == 2 * 3 * 4 * 7 * 5 + 3 * 4 * 7 + 2 * 3 * 4 * 7 * 2
+    assert cost.unfused_bytes > cost.min_bytes
+
+
+def test_roofline_bound_uses_the_binding_resource() -> None:
+    m = machine_mod.MachineInfo("cpu", 2, 8.0, sgemm_gflops=100.0, copy_gbs=10.0,
+                                numpy_version="x", measured_at="t")
+    cost = graph_cost(build_model("infogan"))
+    expected = max(cost.flops / 100e9, cost.min_bytes / 10e9)
+    assert cost.bound_seconds(m) == pytest.approx(expected)
+    # InfoGAN's weights dominate: a generator at batch 1 is memory-bound.
+    assert cost.bound_seconds(m) == pytest.approx(cost.min_bytes / 10e9)
+
+
+# ---- machine description --------------------------------------------------------------------------
+def test_machine_measurements_are_positive_and_cached(tmp_path, monkeypatch) -> None:
+    assert machine_mod.measure_sgemm_gflops(n=128, repeats=1) > 0
+    assert machine_mod.measure_copy_gbs(mib=4, repeats=1) > 0
+    calls = []
+
+    def fake_measure(load: float):
+        def measure():
+            calls.append(load)
+            return machine_mod.MachineInfo(machine_mod.cpu_model(), 2, 8.0, 100.0, 10.0,
+                                           np.__version__, "now", load_at_measurement=load)
+        return measure
+
+    monkeypatch.setattr(machine_mod.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(machine_mod, "measure_machine", fake_measure(3.0))  # busy machine
+    busy = machine_mod.describe_machine(tmp_path)
+    assert busy.measured_under_load and "under load" in busy.describe()
+    assert not (tmp_path / "machine.json").exists()  # low peaks are not remembered
+    monkeypatch.setattr(machine_mod, "measure_machine", fake_measure(0.1))
+    first = machine_mod.describe_machine(tmp_path)
+    second = machine_mod.describe_machine(tmp_path)
+    assert first == second and calls == [3.0, 0.1]
+    assert json.loads((tmp_path / "machine.json").read_text())["sgemm_gflops"] == 100.0
+    machine_mod.describe_machine(tmp_path, refresh=True)
+    assert calls == [3.0, 0.1, 0.1]

@@ -1,0 +1,107 @@
+"""Report writing (table, ratios, geomean, JSON, chart) and the `bench` command end to end."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from tvm_einweld.bench import report, suite
+from tvm_einweld.bench.harness import FAILED, OK, WRONG, ModelResult, RunnerResult
+from tvm_einweld.bench.machine import MachineInfo
+from tvm_einweld.bench.roofline import GraphCost
+from tvm_einweld.bench.runners import PYTORCH
+from tvm_einweld.bench.timing import Timing
+from tvm_einweld.cli import UserError
+from tvm_einweld.commands import bench
+
+MACHINE = MachineInfo("Test CPU", 2, 8.0, 100.0, 10.0, "1.0", "2026-01-01T00:00:00+00:00")
+
+
+def _ok(name: str, seconds: float) -> RunnerResult:
+    return RunnerResult(name, OK, "max |err| 0", 1.0, Timing(name, (seconds,) * 3))
+
+
+def _suite() -> report.SuiteResult:
+    cost = GraphCost(flops=2e9, min_bytes=1e7, unfused_bytes=5e7)
+    models = (
+        ModelResult("alpha", 1, cost, (_ok("base", 0.010), _ok("fast", 0.005),
+                                       RunnerResult("odd", WRONG, "max |err| 3"))),
+        ModelResult("beta", 1, cost, (_ok("base", 0.020), _ok("fast", 0.080),
+                                      RunnerResult("odd", FAILED, "RuntimeError: boom"))),
+    )
+    return report.SuiteResult("python benchmarks/zoo.py --quick", "2026-01-01T00:00:00+00:00",
+                              90.0, MACHINE, 0.5, 16, ("base", "fast", "odd"), "base", models,
+                              ("pytorch skipped: not installed: torch",))
+
+
+def test_latency_table_has_ratios_and_geomean() -> None:
+    table = report.latency_table(_suite())
+    lines = table.splitlines()
+    assert lines[0] == "| model | batch | base | fast | odd |"
+    assert "| alpha | 1 | 10 (1.00×) | 5 (2.00×) | wrong |" in lines
+    assert "| beta | 1 | 20 (1.00×) | 80 (0.25×) | failed |" in lines
+    assert lines[-1] == "| geomean speedup vs base | | 1.00× | 0.71× | – |"  # sqrt(2 * 0.25)
+
+
+def test_roofline_table_uses_the_best_correct_runner() -> None:
+    table = report.roofline_table(_suite())
+    # bound = max(2e9 / 100e9, 1e7 / 10e9) = 20 ms; alpha's best is fast at 5 ms
+    assert "| alpha | 1 | 2 | 10 | 50 | 200 | 20 | fast | 5 | 0.2× |" in table
+    assert "| beta | 1 | 2 | 10 | 50 | 200 | 20 | base | 20 | 1.0× |" in table
+
+
+def test_markdown_names_command_machine_problems_and_notes() -> None:
+    text = report.markdown(_suite(), chart="x.png")
+    assert "Command: `python benchmarks/zoo.py --quick`" in text
+    assert "Test CPU" in text and "sgemm 100 GFLOP/s" in text and "16 MetaSchedule trials" in text
+    assert "- alpha b1, odd: **wrong** — max |err| 3" in text
+    assert "- beta b1, odd: **failed** — RuntimeError: boom" in text
+    assert "- pytorch skipped: not installed: torch" in text and "![speedup chart](x.png)" in text
+
+
+def test_write_report_writes_markdown_json_and_chart(tmp_path) -> None:
+    notes = report.write_report(_suite(), tmp_path / "out" / "r.md")
+    assert notes == []  # matplotlib is installed in the test environment
+    assert (tmp_path / "out" / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![speedup chart](r.png)" in (tmp_path / "out" / "r.md").read_text()
+    data = json.loads((tmp_path / "out" / "r.json").read_text())
+    assert data["models"][0]["results"][1]["median_seconds"] == 0.005
+    assert data["machine"]["cpu_model"] == "Test CPU"
+
+
+def _args(tmp_path, **kw) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    argv = ["-o", str(tmp_path / "r.md")]
+    for key, value in kw.items():
+        argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("bad", [dict(models="nosuchnet"), dict(runners="onnxruntime,nope"),
+                                 dict(batch="one"), dict(trials=-1),
+                                 dict(runners="onnxruntime", baseline="tvm-tuned")])
+def test_bench_command_rejects_bad_input_as_user_error(tmp_path, bad) -> None:
+    with pytest.raises(UserError):
+        bench.run(_args(tmp_path, quick=True, **bad))
+
+
+def test_bench_command_runs_end_to_end(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(suite, "describe_machine", lambda: MACHINE)  # skip the peak probes
+    code = bench.run(_args(tmp_path, quick=True, models="fsrcnn",
+                           runners="tvm-untuned,onnxruntime,pytorch", repeats=2))
+    assert code == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "| model | batch | tvm-untuned | onnxruntime | pytorch |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| fsrcnn | 1 |"))
+    timed = 2 + (PYTORCH.unavailable() is None)
+    assert row.count("×") == timed  # every available runner checked correct and timed
+    out = capsys.readouterr().out
+    assert "geomean speedup vs tvm-untuned" in out and "wrote" in out
+
+
+def test_bench_list(tmp_path, capsys) -> None:
+    assert bench.run(_args(tmp_path, list=True)) == 0
+    out = capsys.readouterr().out
+    assert "infogan" in out and "runner tvm-tuned" in out
