@@ -1,0 +1,72 @@
+"""Strategy selectors follow their rules."""
+import pytest
+
+from tvm_einweld.auto_scheduler_ext.selectors import (
+    BanditSelector,
+    FixedStrategy,
+    PredefinedRule,
+    RoundOutcome,
+    make_selector,
+    round_reward,
+)
+from tvm_einweld.auto_scheduler_ext.strategies import Strategy
+
+NL, LR, LC = Strategy.NL, Strategy.LR, Strategy.LC
+
+
+@pytest.mark.parametrize("total", [3, 7, 16, 32, 64, 100])
+def test_predefined_rule_order_and_shares(total):
+    rule = PredefinedRule()
+    picks = [rule.select(r, total, None, []) for r in range(total)]
+    # NL, then LR, then LC, never going back
+    order = [s for i, s in enumerate(picks) if i == 0 or picks[i - 1] is not s]
+    assert order == [NL, LR, LC]
+    for strategy, share in zip((NL, LR, LC), (5, 5, 6)):
+        assert abs(picks.count(strategy) - total * share / 16) <= 1
+
+
+def test_predefined_rule_ignores_history():
+    rule = PredefinedRule()
+    history = [RoundOutcome(0, LC, 4, 1.0, 1.0, 0)]
+    assert [rule.select(r, 16, None, history) for r in (0, 5, 10)] == [NL, LR, LC]
+
+
+def test_fixed_and_factory():
+    assert all(FixedStrategy(LR).select(r, 5, None, []) is LR for r in range(5))
+    assert make_selector("LC") == FixedStrategy(LC)
+    assert make_selector("adaptive") == PredefinedRule()
+    assert make_selector("adaptive", "bandit") == BanditSelector()
+    with pytest.raises(ValueError):
+        make_selector("XX")
+    with pytest.raises(ValueError):
+        make_selector("adaptive", "nope")
+    with pytest.raises(ValueError):
+        make_selector("NL", "bandit")
+
+
+def outcome(i, strategy, round_best, best):
+    return RoundOutcome(i, strategy, 4, round_best, best, 0)
+
+
+def test_bandit_tries_each_then_exploits_the_rewarded_one():
+    bandit = BanditSelector(exploration=0.1)
+    history = []
+    assert bandit.select(0, 30, None, history) is NL
+    history.append(outcome(0, NL, 2.0, 2.0))
+    assert bandit.select(1, 30, None, history) is LR
+    history.append(outcome(1, LR, 4.0, 2.0))  # LR samples were twice as slow
+    assert bandit.select(2, 30, None, history) is LC
+    history.append(outcome(2, LC, 1.0, 1.0))  # LC found a new best
+    history.append(outcome(3, NL, 3.0, 1.0))  # NL's next round fell well short of it
+    assert bandit.select(4, 30, None, history) is LC
+    # LC keeps failing to run anything: the bandit moves away from it.
+    for i in range(4, 12):
+        history.append(outcome(i, LC, None, 1.0))
+    assert bandit.select(12, 30, None, history) is not LC
+
+
+def test_round_reward():
+    assert round_reward(outcome(0, NL, None, None), 1.0) == 0.0
+    assert round_reward(outcome(0, NL, 2.0, 2.0), None) == 1.0
+    assert round_reward(outcome(0, NL, 0.5, 0.5), 1.0) == 1.0
+    assert round_reward(outcome(0, NL, 4.0, 1.0), 1.0) == 0.25

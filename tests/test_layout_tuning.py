@@ -1,0 +1,165 @@
+"""The adaptive tuning loop: rule-following rounds, surviving failures, resuming, Relax apply."""
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import PyBuilder
+from tvm.s_tir.meta_schedule.runner import PyRunner
+
+from tvm_einweld.auto_scheduler_ext import entry_points, tune_tir
+from tvm_einweld.auto_scheduler_ext.build_fn import build_cpu_kernel
+from tvm_einweld.auto_scheduler_ext.strategies import Strategy, strategy_of, tagged_workload
+from tvm_einweld.auto_scheduler_ext.task_loop import default_builder
+from tvm_einweld.auto_scheduler_ext.workloads import Conv2dBlock
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+BLOCK = Conv2dBlock(1, 8, 8, 8, 8, 3, 1, 1)
+# Small search: tests check behaviour, not the quality of the schedules.
+SEARCH = ms.search_strategy.EvolutionarySearch(population_size=16, init_min_unmeasured=4, genetic_num_iters=1)
+FAST = dict(search=SEARCH, early_stopping_rounds=5, seed=7)
+
+
+@derived_object
+class FlakyBuilder(PyBuilder):
+    """Raises on the chosen calls, builds normally otherwise."""
+
+    def __init__(self, fail_calls):
+        super().__init__()
+        self.inner = default_builder(max_workers=1)
+        self.fail_calls = set(fail_calls)
+        self.calls = 0
+
+    def build(self, build_inputs):
+        self.calls += 1
+        if self.calls in self.fail_calls:
+            raise RuntimeError("planted builder crash")
+        return self.inner.build(build_inputs)
+
+
+@derived_object
+class FlakyRunner(PyRunner):
+    """Raises on the chosen calls, runs normally otherwise."""
+
+    def __init__(self, fail_calls):
+        super().__init__()
+        self.inner = ms.runner.LocalRunner()
+        self.fail_calls = set(fail_calls)
+        self.calls = 0
+
+    def run(self, runner_inputs):
+        self.calls += 1
+        if self.calls in self.fail_calls:
+            raise RuntimeError("planted runner crash")
+        return self.inner.run(runner_inputs)
+
+
+def records(db, mod):
+    if not db.has_workload(mod):
+        return []
+    wl = db.commit_workload(mod)
+    return [r for r in db.get_all_tuning_records() if tvm_ffi.structural_equal(r.workload.mod, wl.mod)]
+
+
+@pytest.fixture(scope="module")
+def flaky_run(tmp_path_factory):
+    work_dir = str(tmp_path_factory.mktemp("flaky"))
+    rounds, tasks = [], []
+    builder, runner = FlakyBuilder(fail_calls=[2]), FlakyRunner(fail_calls=[2])  # runner call 2 = round 3
+    db = tune_tir(BLOCK.module(), TARGET, work_dir, max_trials_global=8, num_trials_per_iter=2,
+                  builder=builder, runner=runner, on_round=lambda name, o: rounds.append(o),
+                  on_task=tasks.append, **FAST)
+    return db, rounds, tasks[0], work_dir
+
+
+def test_rounds_follow_the_predefined_rule(flaky_run):
+    _, rounds, result, _ = flaky_run
+    # 4 rounds, shares 5:5:6 -> NL, LR, LC, LC
+    assert [o.strategy for o in rounds] == [Strategy.NL, Strategy.LR, Strategy.LC, Strategy.LC]
+    assert result.trials == 8 and result.deployed is Strategy.LC and result.selector == "predefined"
+
+
+def test_failed_rounds_do_not_stop_tuning(flaky_run):
+    db, rounds, result, _ = flaky_run
+    # round 2 (builder crash) and round 3 (runner crash) failed entirely, round 4 still ran
+    assert [o.failures for o in rounds] == [0, 4, 2, 0]
+    assert rounds[1].round_best_secs is None and rounds[3].round_best_secs is not None
+    assert result.best_secs is not None
+    mod = BLOCK.module()
+    # every trial's deployable P is recorded under the task, the rest under tagged workloads
+    assert len(records(db, mod)) == 8
+    assert len(records(db, tagged_workload(mod, Strategy.NL))) == 2
+    assert len(records(db, tagged_workload(mod, Strategy.LR))) == 2
+
+
+def test_best_record_is_a_correct_post_layout_program(flaky_run):
+    db, _, result, _ = flaky_run
+    sch = db.query_schedule(BLOCK.module(), TARGET, workload_name="main")
+    assert sch is not None and strategy_of(sch) is Strategy.LC
+    top = db.get_top_k(db.commit_workload(BLOCK.module()), 1)[0]
+    assert abs(float(np.median([float(s) for s in top.run_secs])) - result.best_secs) < 1e-12
+    inputs = BLOCK.random_inputs(seed=5)
+    out = tvm.runtime.tensor(np.zeros(BLOCK.shapes()["out"], "float32"))
+    kernel = tvm.tirx.build(sch.mod, target=TARGET)  # transform block kept: original weights
+    kernel["main"](*(tvm.runtime.tensor(inputs[k]) for k in ("data", "weight", "bias")), out)
+    np.testing.assert_allclose(out.numpy(), BLOCK.reference(**inputs), rtol=1e-4, atol=1e-4)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_interrupted_run_resumes_without_losing_records(tmp_path):
+    work_dir = str(tmp_path)
+    mod = BLOCK.module()
+
+    def stop_after_first(name, outcome):
+        raise Interrupt()
+
+    with pytest.raises(Interrupt):
+        tune_tir(mod, TARGET, work_dir, max_trials_global=4, num_trials_per_iter=2,
+                 layout_strategy="LC", on_round=stop_after_first, **FAST)
+    first = ms.database.JSONDatabase(work_dir=work_dir)
+    before = {str(r.trace) for r in records(first, mod)}
+    assert len(before) == 2
+    done = []
+    db = tune_tir(mod, TARGET, work_dir, max_trials_global=4, num_trials_per_iter=2,
+                  layout_strategy="LC", on_task=done.append, **FAST)
+    after = [str(r.trace) for r in records(ms.database.JSONDatabase(work_dir=work_dir), mod)]
+    assert len(after) == 4 and before <= set(after)
+    assert done[0].trials == 4 and len(done[0].rounds) == 1  # only the missing round ran
+    assert done[0].rounds[0].round_index == 1
+
+
+def conv_relax_module(block, weight, bias):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(block.shapes()["data"], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(weight), strides=block.s, padding=block.p))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, relax.const(bias))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_tuned_record_applies_in_relax_and_matches_untuned(tmp_path):
+    inputs = BLOCK.random_inputs(seed=6)
+    mod = conv_relax_module(BLOCK, inputs["weight"], inputs["bias"])
+    untuned = relax.VirtualMachine(tvm.compile(mod, TARGET), tvm.cpu())
+    stage = entry_points.adaptive_layout_tuning_pass(TARGET, str(tmp_path), max_trials_global=2,
+                                                     num_trials_per_iter=2, **FAST)
+    tuned_mod = stage(mod)
+    # the conv kernel now reads a weight whose layout was rewritten at compile time
+    layouts = [
+        [tuple(int(d) for d in info.shape) for info in ms.arg_info.ArgInfo.from_prim_func(f)]
+        for _, f in tuned_mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)
+    ]
+    assert any(len(shapes) > 1 and len(shapes[1]) > 4 for shapes in layouts), layouts
+    tuned = relax.VirtualMachine(tvm.compile(tuned_mod, TARGET), tvm.cpu())
+    x = tvm.runtime.tensor(inputs["data"])
+    expect = untuned["main"](x).numpy()
+    np.testing.assert_allclose(tuned["main"](x).numpy(), expect, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(expect, BLOCK.reference(**inputs), rtol=1e-4, atol=1e-4)

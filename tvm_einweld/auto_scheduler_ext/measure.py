@@ -1,0 +1,68 @@
+"""Build and run a batch of programs with any MetaSchedule builder/runner (local or RPC).
+
+A failure of the builder or runner as a whole (an exception, not a per-candidate error) is
+turned into per-candidate error results, so one bad round never stops a tuning run.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Optional, Sequence
+
+from tvm import s_tir
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
+from tvm.target import Target
+
+from .strategies import args_info
+
+FAILED_SECS = 1e10  # what MetaSchedule records as the run time of a failed candidate
+
+
+def build_and_run(
+    programs: Sequence[s_tir.Schedule],
+    target: Target,
+    builder: ms.builder.Builder,
+    runner: ms.runner.Runner,
+) -> list[RunnerResult]:
+    """One RunnerResult per program, in order; errors are results, never exceptions."""
+    if not programs:
+        return []
+    infos = [args_info(p) for p in programs]
+    device_type = {"llvm": "cpu"}.get(target.kind.name, target.kind.name)
+    try:
+        built = builder.build([BuilderInput(p.mod, target) for p in programs])
+    except Exception as err:  # pylint: disable=broad-except
+        return [RunnerResult(None, f"builder failed: {err}") for _ in programs]
+    results: list[Optional[RunnerResult]] = [None] * len(programs)
+    run_inputs, run_index = [], []
+    for i, b in enumerate(built):
+        if b.error_msg is not None or b.artifact_path is None:
+            results[i] = RunnerResult(None, f"build error: {b.error_msg}")
+        else:
+            run_inputs.append(RunnerInput(b.artifact_path, device_type, infos[i]))
+            run_index.append(i)
+    try:
+        futures = runner.run(run_inputs) if run_inputs else []
+        for i, fut in zip(run_index, futures):
+            results[i] = fut.result()
+    except Exception as err:  # pylint: disable=broad-except
+        for i in run_index:
+            if results[i] is None:
+                results[i] = RunnerResult(None, f"runner failed: {err}")
+    finally:
+        for b in built:  # each artifact has its own temp dir, as RemoveBuildArtifact assumes
+            if b.artifact_path is not None:
+                shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
+    return results  # type: ignore[return-value]
+
+
+def median_secs(result: RunnerResult) -> Optional[float]:
+    """Median measured run time, or None for a failed candidate."""
+    if result.error_msg is not None or not result.run_secs:
+        return None
+    secs = sorted(float(s) for s in result.run_secs)
+    mid = len(secs) // 2
+    value = secs[mid] if len(secs) % 2 else 0.5 * (secs[mid - 1] + secs[mid])
+    return None if value >= FAILED_SECS else value

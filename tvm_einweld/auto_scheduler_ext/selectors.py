@@ -1,0 +1,139 @@
+"""Strategy selectors: which layout strategy a tuning round trains on (``Select_Strategy``).
+
+A selector is a small frozen object with
+``select(round_index, total_rounds, cost_model, history) -> Strategy``. It keeps no state of
+its own: everything it needs is in ``history`` (one ``RoundOutcome`` per finished round), so a
+resumed run, or two tasks sharing one selector, behave the same as a fresh one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Protocol, Sequence
+
+from .strategies import Strategy
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one tuning round did and measured."""
+
+    round_index: int
+    strategy: Strategy
+    trials: int
+    round_best_secs: Optional[float]  # fastest deployable program measured this round
+    best_so_far_secs: Optional[float]  # fastest deployable program after this round
+    failures: int  # measurements that failed to build or run
+
+
+class StrategySelector(Protocol):
+    name: str
+
+    def select(
+        self,
+        round_index: int,
+        total_rounds: int,
+        cost_model: object,
+        history: Sequence[RoundOutcome],
+    ) -> Strategy: ...
+
+
+@dataclass(frozen=True)
+class FixedStrategy:
+    """Always the same strategy: plain MetaSchedule/Ansor with one layout strategy."""
+
+    strategy: Strategy
+
+    @property
+    def name(self) -> str:
+        return self.strategy.value
+
+    def select(self, round_index, total_rounds, cost_model, history) -> Strategy:
+        return self.strategy
+
+
+@dataclass(frozen=True)
+class PredefinedRule:
+    """The paper's rule: NL, then LR, then LC, with round shares 5:5:6.
+
+    NL and LR first train the model on programs whose search and optimisation spaces agree
+    (or nearly), narrowing the search; LC then fine-tunes it for the deployed P programs.
+    """
+
+    order: tuple = (Strategy.NL, Strategy.LR, Strategy.LC)
+    shares: tuple = (5, 5, 6)
+    name: str = "predefined"
+
+    def __post_init__(self) -> None:
+        if len(self.order) != len(self.shares) or not self.order:
+            raise ValueError("PredefinedRule needs one share per strategy")
+        if any(s <= 0 for s in self.shares):
+            raise ValueError("PredefinedRule shares must be positive")
+
+    def select(self, round_index, total_rounds, cost_model, history) -> Strategy:
+        total = sum(self.shares)
+        cumulative = 0
+        for strategy, share in zip(self.order, self.shares):
+            cumulative += share
+            if round_index < round(total_rounds * cumulative / total):
+                return strategy
+        return self.order[-1]
+
+
+def round_reward(outcome: RoundOutcome, best_before: Optional[float]) -> float:
+    """Reward of a round in [0, 1]: 1 when it found a new best deployable program, otherwise
+    how close its fastest program came to the best known before it (0 if nothing ran)."""
+    if outcome.round_best_secs is None:
+        return 0.0
+    if best_before is None:
+        return 1.0
+    return min(1.0, best_before / outcome.round_best_secs)
+
+
+@dataclass(frozen=True)
+class BanditSelector:
+    """UCB1 over the three strategies, rewarded by the measured results of their rounds.
+
+    Each strategy is tried once (in the paper's NL, LR, LC order); after that the round goes to
+    the strategy with the highest mean reward plus an exploration bonus. Every round measures
+    the deployable programs, so rewards of different strategies are comparable.
+    """
+
+    strategies: tuple = (Strategy.NL, Strategy.LR, Strategy.LC)
+    exploration: float = 0.5
+    name: str = "bandit"
+
+    def select(self, round_index, total_rounds, cost_model, history) -> Strategy:
+        rewards: dict = {s: [] for s in self.strategies}
+        best_before: Optional[float] = None
+        for outcome in history:
+            if outcome.strategy in rewards:
+                rewards[outcome.strategy].append(round_reward(outcome, best_before))
+            if outcome.best_so_far_secs is not None:
+                best_before = outcome.best_so_far_secs
+        for strategy in self.strategies:
+            if not rewards[strategy]:
+                return strategy
+        plays = sum(len(r) for r in rewards.values())
+
+        def ucb(strategy: Strategy) -> float:
+            r = rewards[strategy]
+            return sum(r) / len(r) + self.exploration * math.sqrt(2 * math.log(plays) / len(r))
+
+        return max(self.strategies, key=ucb)  # ties go to the earlier strategy
+
+
+def make_selector(layout_strategy: str, selector: Optional[str | StrategySelector] = None):
+    """The selector for ``layout_strategy`` ("adaptive", "NL", "LR", "LC"); for "adaptive",
+    ``selector`` is "predefined" (default), "bandit" or a selector object."""
+    if layout_strategy.lower() != "adaptive":
+        if selector is not None:
+            raise ValueError("a selector only applies to layout_strategy='adaptive'")
+        return FixedStrategy(Strategy.parse(layout_strategy))
+    if selector is None or selector == "predefined":
+        return PredefinedRule()
+    if selector == "bandit":
+        return BanditSelector()
+    if isinstance(selector, str):
+        raise ValueError(f"unknown selector {selector!r}; expected 'predefined' or 'bandit'")
+    return selector

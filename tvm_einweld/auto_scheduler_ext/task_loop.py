@@ -1,0 +1,268 @@
+"""The adaptive-layout tuning loop for one task (AL-Ansor, Algorithm 1, on MetaSchedule).
+
+Each round:
+  1. ``select_strategy(round, total_rounds, cost_model, history)`` picks NL, LR or LC. It sees
+     nothing of this round's candidates, so asking it first is the same as the paper's line 5;
+     it lets the search score candidates as programs of the chosen strategy.
+  2. MetaSchedule's evolutionary search samples candidates A with the shared XGBModel.
+  3. P and L+P are derived from every A (``strategies.derive_programs``).
+  4. The round's strategy program is built and run (NL: A, LR: L+P, LC: P), plus P in adaptive
+     mode, where P is what gets deployed.
+  5. The one XGBModel is trained on the strategy's measurements (its features carry the
+     strategy), and the search is told the results.
+  6. The deployable programs are committed to the database under the task's own workload; the
+     other measurements under a strategy-tagged workload. The best deployable record is what
+     ``MetaScheduleApplyDatabase`` later applies.
+
+Records are committed every round, so an interrupted run resumes from its database: finished
+trials are counted, the cost model is retrained on them and the search seeds from them.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import tvm
+import tvm_ffi
+from tvm import s_tir
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.logging import get_logging_func
+from tvm.s_tir.meta_schedule.runner import RunnerResult
+from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
+from tvm.target import Target
+
+from .build_fn import build_cpu_kernel
+from .features import StrategyFeatureExtractor
+from .measure import FAILED_SECS, build_and_run, median_secs
+from .selectors import FixedStrategy, RoundOutcome, StrategySelector
+from .strategies import Strategy, args_info, derive_programs, tagged_workload
+
+logger = logging.getLogger("tvm_einweld.auto_scheduler_ext")
+
+RoundCallback = Callable[[str, RoundOutcome], None]
+
+
+@dataclass(frozen=True)
+class TaskTuningResult:
+    """Summary of one task's tuning run (the records themselves are in the database)."""
+
+    task_name: str
+    selector: str
+    deployed: Strategy  # the program form committed under the task's workload
+    trials: int  # sampled candidates, including those of a resumed earlier run
+    measurements: int  # programs built and run by this call
+    rounds: tuple  # RoundOutcome of every round run by this call
+    best_secs: Optional[float]
+    best_trace: Optional[s_tir.Trace]
+    wall_secs: float
+
+
+def default_builder(max_workers: Optional[int] = None) -> ms.builder.LocalBuilder:
+    """MetaSchedule's LocalBuilder with our CPU build function (see ``build_fn``)."""
+    return ms.builder.LocalBuilder(max_workers=max_workers, f_build=build_cpu_kernel)
+
+
+def _space_generator(target: Target) -> ms.space_generator.PostOrderApply:
+    """MetaSchedule's default CPU space, minus RewriteLayout: the loop derives P itself."""
+    if target.kind.name != "llvm":
+        raise NotImplementedError(
+            f"adaptive layout tuning supports CPU (llvm) targets only, not {target.kind.name!r}: "
+            "MetaSchedule's RewriteLayout postproc is a CPU-only postproc"
+        )
+    postprocs = [
+        p for p in ms.postproc.Postproc.create("llvm") if not isinstance(p, ms.postproc.RewriteLayout)
+    ]
+    return ms.space_generator.PostOrderApply(
+        sch_rules=ms.schedule_rule.ScheduleRule.create("llvm"),
+        postprocs=postprocs,
+        mutator_probs=ms.mutator.Mutator.create("llvm"),
+    )
+
+
+def _tune_context(mod, target, space, search, task_name, seed, num_threads) -> ms.TuneContext:
+    """``ms.TuneContext(...)`` without its ``import tvm.s_tir.tensor_intrin``: that import
+    registers every target's tensor intrinsics (30-80 s here) and CPU float32 tuning never
+    tensorizes. Same constructor call and initialisation as ``TuneContext.__init__``."""
+    if isinstance(num_threads, str):
+        num_threads = ms.utils.cpu_count(logical=num_threads == "logical")
+    log = logging.getLogger("tvm_einweld.auto_scheduler_ext.search")
+    ctx = ms.TuneContext.__new__(ms.TuneContext)
+    ctx.__init_handle_by_constructor__(
+        ms._ffi_api.TuneContext,  # pylint: disable=protected-access
+        mod, target, space, search, task_name, num_threads, seed, get_logging_func(log),
+    )
+    ms._ffi_api.TuneContextInitialize(ctx)  # pylint: disable=protected-access
+    return ctx
+
+
+def _records_of(database: ms.database.Database, mod: tvm.IRModule) -> list:
+    if not database.has_workload(mod):
+        return []
+    workload = database.commit_workload(mod)
+    return [
+        r
+        for r in database.get_all_tuning_records()
+        if tvm_ffi.structural_equal(r.workload.mod, workload.mod)
+    ]
+
+
+def _replay(record) -> MeasureCandidate:
+    sch = s_tir.Schedule(record.workload.mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return MeasureCandidate(sch, args_info(sch))
+
+
+def _commit(database, workload, sch: s_tir.Schedule, result: RunnerResult, target) -> None:
+    secs = median_secs(result)
+    run_secs = [float(s) for s in result.run_secs] if secs is not None else [FAILED_SECS]
+    database.commit_tuning_record(
+        ms.database.TuningRecord(sch.trace, workload, run_secs, target, args_info(sch))
+    )
+
+
+def tune_task(
+    mod: tvm.IRModule,
+    target: Target,
+    database: ms.database.Database,
+    *,
+    max_trials: int,
+    num_trials_per_iter: int = 16,
+    selector: StrategySelector,
+    builder: Optional[ms.builder.Builder] = None,
+    runner: Optional[ms.runner.Runner] = None,
+    search: Optional[ms.search_strategy.EvolutionarySearch] = None,
+    num_warmup_samples: Optional[int] = None,
+    early_stopping_rounds: int = 50,
+    task_name: str = "main",
+    seed: int = -1,
+    on_round: Optional[RoundCallback] = None,
+) -> TaskTuningResult:
+    """Tune one TIR task (an IRModule with a ``main`` PrimFunc) with layout-strategy selection.
+
+    ``selector`` is a ``FixedStrategy`` for a single-strategy run (the deployed program is that
+    strategy's program) or an adaptive selector (the deployed program is always P). The XGBModel
+    starts training after ``num_warmup_samples`` measurements (default: one round), not
+    MetaSchedule's 100, which a short run would never reach.
+    """
+    start = time.time()
+    if isinstance(mod, tvm.tirx.PrimFunc):
+        mod = tvm.IRModule({"main": mod})
+    if max_trials <= 0:
+        raise ValueError("max_trials must be positive")
+    target = Target(target) if not isinstance(target, Target) else target
+    fixed = isinstance(selector, FixedStrategy)
+    deployed = selector.strategy if fixed else Strategy.LC
+    builder = builder or default_builder()
+    runner = runner or ms.runner.LocalRunner()
+    extractor = StrategyFeatureExtractor()
+    model = ms.cost_model.XGBModel(
+        extractor=extractor,
+        num_warmup_samples=num_warmup_samples if num_warmup_samples is not None else num_trials_per_iter,
+        early_stopping_rounds=early_stopping_rounds,
+        num_tuning_cores=max(1, int(target.attrs.get("num-cores", 0)) or ms.utils.cpu_count(logical=False)),
+    )
+    num_threads = int(target.attrs.get("num-cores", 0)) or "physical"
+    ctx = _tune_context(
+        mod,
+        target,
+        _space_generator(target),
+        search.clone() if search is not None else ms.search_strategy.EvolutionarySearch(),
+        task_name,
+        seed,
+        num_threads,
+    )
+    workload = database.commit_workload(ctx.mod)
+    tagged = {s: tagged_workload(ctx.mod, s) for s in Strategy}
+
+    # Resume: what an earlier (possibly interrupted) run left in the database.
+    deployed_records = _records_of(database, ctx.mod)
+    training_records = [r for s in Strategy for r in _records_of(database, tagged[s])]
+    done = len(deployed_records)
+    best_secs, best_trace = None, None
+    for r in deployed_records:
+        secs = median_secs(RunnerResult(r.run_secs, None))
+        if secs is not None and (best_secs is None or secs < best_secs):
+            best_secs, best_trace = secs, r.trace
+    if deployed_records or training_records:
+        replayed = [_replay(r) for r in deployed_records + training_records]
+        extractor.score_as = Strategy.NL  # replayed A programs are NL samples
+        model.update(ctx, replayed, [RunnerResult(r.run_secs, None) for r in deployed_records + training_records])
+        logger.info("[%s] resumed: %d trials already in the database, best %s", task_name, done, _ms(best_secs))
+
+    total_rounds = math.ceil(max_trials / num_trials_per_iter)
+    rounds: list[RoundOutcome] = []
+    measurements = 0
+    trials = done
+    started = trials < max_trials
+    if started:
+        ctx.pre_tuning(
+            max_trials=max_trials - trials,
+            num_trials_per_iter=num_trials_per_iter,
+            design_spaces=ctx.generate_design_space(),
+            database=database,
+            cost_model=model,
+        )
+    round_index = done // num_trials_per_iter
+    while trials < max_trials:
+        strategy = selector.select(round_index, total_rounds, model, rounds)
+        extractor.score_as = strategy
+        candidates = ctx.search_strategy.generate_measure_candidates()
+        if not candidates:
+            logger.info("[%s] search space exhausted after %d trials", task_name, trials)
+            break
+        candidates = list(candidates)[: max_trials - trials]
+        derived = [derive_programs(c.sch) for c in candidates]
+        kinds = [strategy] if strategy is deployed else [strategy, deployed]
+        # One batch for all kinds: LocalBuilder starts a fresh process pool per batch.
+        programs = [d.for_strategy(kind) for kind in kinds for d in derived]
+        measured = build_and_run(programs, target, builder, runner)
+        measurements += len(programs)
+        results = {}
+        for k, kind in enumerate(kinds):
+            results[kind] = measured[k * len(derived) : (k + 1) * len(derived)]
+            wl = workload if kind is deployed else database.commit_workload(tagged[kind])
+            for d, res in zip(derived, results[kind]):
+                _commit(database, wl, d.for_strategy(kind), res, target)
+        train = [d.for_strategy(strategy) for d in derived]
+        model.update(ctx, [MeasureCandidate(s, args_info(s)) for s in train], results[strategy])
+        ctx.search_strategy.notify_runner_results(candidates, results[strategy])
+
+        round_best = None
+        for d, res in zip(derived, results[deployed]):
+            secs = median_secs(res)
+            if secs is not None and (round_best is None or secs < round_best):
+                round_best = secs
+            if secs is not None and (best_secs is None or secs < best_secs):
+                best_secs, best_trace = secs, d.for_strategy(deployed).trace
+        failures = sum(median_secs(r) is None for kind in kinds for r in results[kind])
+        trials += len(candidates)
+        outcome = RoundOutcome(round_index, strategy, len(candidates), round_best, best_secs, failures)
+        rounds.append(outcome)
+        logger.info(
+            "[%s] round %d/%d %s  trials %d/%d  round best %s  best %s%s",
+            task_name, round_index + 1, total_rounds, strategy.value, trials, max_trials,
+            _ms(round_best), _ms(best_secs), f"  ({failures} failed)" if failures else "",
+        )
+        if on_round is not None:
+            on_round(task_name, outcome)
+        round_index += 1
+    if started:
+        ctx.post_tuning()
+    return TaskTuningResult(
+        task_name=task_name,
+        selector=selector.name,
+        deployed=deployed,
+        trials=trials,
+        measurements=measurements,
+        rounds=tuple(rounds),
+        best_secs=best_secs,
+        best_trace=best_trace,
+        wall_secs=time.time() - start,
+    )
+
+
+def _ms(secs: Optional[float]) -> str:
+    return "n/a" if secs is None else f"{secs * 1e3:.4f} ms"
