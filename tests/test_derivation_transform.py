@@ -1,8 +1,6 @@
 """DerivationTransform: verified rewrites, unchanged unsupported modules, planted faults."""
 from __future__ import annotations
 
-from typing import Iterable
-
 import numpy as np
 import tvm
 from tvm import relax
@@ -11,8 +9,6 @@ from tvm_ffi import structural_equal
 from tvm_einweld.expr.expression import Expr
 from tvm_einweld.relay_passes.derivation import Derivation, Rule
 from tvm_einweld.relay_passes.derivation_transform import DerivationTransform
-from tvm_einweld.relay_passes.summation_splitting import SummationSplitting
-from tvm_einweld.relay_passes.traversal_merging import TraversalMerging
 
 RNG = np.random.default_rng(0)
 

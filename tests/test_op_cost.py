@@ -6,9 +6,7 @@ import json
 import math
 import os
 
-import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
 from tvm_einweld import machine

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 from tvm_ffi import structural_equal
 
@@ -89,3 +88,32 @@ def test_rebuild_rejects_a_wrong_type():
     op = split_function(mod["main"]).subprograms[2].ops[1]
     with pytest.raises(ValueError, match="type"):
         rebuild_function(mod, "main", {op.var: lambda bb: relax.op.permute_dims(op.args[0])})
+
+
+def test_rebuild_keeps_kernel_symbols_unique():
+    """Two replacements adding a TIR kernel with the same symbol still build (the builder
+    renames the second GlobalVar; its symbol must follow)."""
+    from tvm import te
+
+    mod = model()
+    split = split_function(mod["main"])
+    ops = [split.subprograms[1].ops[0], split.subprograms[1].ops[1]]  # the two 1x1 convs
+
+    def emitter(op):
+        def emit(bb):
+            x, w = op.args
+            a = te.placeholder((1, 4, 8, 8), "float32", name="a")
+            k = te.placeholder((4, 4, 1, 1), "float32", name="k")
+            c = te.reduce_axis((0, 4), name="c")
+            out = te.compute((1, 4, 8, 8), lambda n, f, y, xx: te.sum(
+                a[n, c, y, xx] * k[f, c, 0, 0], axis=c), name="conv1x1")
+            func = te.create_prim_func([a, k, out]).with_attr("global_symbol", "dup")
+            gvar = bb.add_func(func, "dup")
+            return relax.call_tir(gvar, [x, w], relax.TensorType((1, 4, 8, 8), "float32"))
+        return emit
+
+    new = rebuild_function(mod, "main", {op.var: emitter(op) for op in ops})
+    symbols = [str(f.attrs["global_symbol"]) for _, f in new.functions_items()
+               if f.attrs is not None and "global_symbol" in f.attrs]
+    assert len(symbols) == len(set(symbols))
+    assert compare_relax(new, mod).equal

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -51,7 +50,7 @@ from . import numpy_gemm
 from .op_cost import EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, program_seconds, time_call
 from .search import Budget, SearchResult, SearchStats, State, default_rules, \
     default_targets, distance_guided_search
-from .subprograms import OpNode, Subprogram, rebuild_function, split_module
+from .subprograms import OpNode, Subprogram, matching_symbols, rebuild_function, split_module
 
 Values = Mapping[str, relax.Expr]
 Emit = Callable[[relax.BlockBuilder, Values], relax.Expr]
@@ -238,7 +237,7 @@ def subprogram_module(ops: Sequence[OpNode], emits: Optional[Sequence[Emit]] = N
                 outs.append(var)
             out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
         bb.emit_func_output(out)
-    return bb.get()
+    return matching_symbols(bb.get())
 
 
 _EOP_SUFFIX = re.compile(r"[_\d]+$")

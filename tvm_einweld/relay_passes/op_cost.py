@@ -180,8 +180,6 @@ def _static(ty) -> Tuple[int, ...]:
 
 def call_key(call, target: str) -> str:
     """Cache key: operator, argument shapes/dtypes, attributes, output type, target."""
-    from tvm import relax
-
     op = getattr(call.op, "name", str(call.op))
     args = ",".join(_describe_arg(a) for a in call.args)
     attrs = " ".join(str(call.attrs).split()) if call.attrs is not None else ""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Tuple
 
 from tvm import relax
 
@@ -179,6 +179,25 @@ def rebuild_function(mod, name: str, replacements: Mapping[relax.Var, Emitter]):
     else:
         new_func = new_func.without_attr("global_symbol")
     functions[gvar] = new_func
+    return matching_symbols(tvm.IRModule(functions, attrs=mod.attrs))
+
+
+def matching_symbols(mod):
+    """`mod` with every TIR function's global symbol set to its GlobalVar's name.
+
+    Kernels added under a name already taken get a fresh GlobalVar name from the builder but
+    keep the symbol they were made with; two equal symbols would not build.
+    """
+    import tvm
+
+    updates = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and \
+                "global_symbol" in func.attrs and str(func.attrs["global_symbol"]) != gv.name_hint:
+            updates[gv] = func.with_attr("global_symbol", gv.name_hint)
+    if not updates:
+        return mod
+    functions = {gv: updates.get(gv, f) for gv, f in mod.functions_items()}
     return tvm.IRModule(functions, attrs=mod.attrs)
 
 
@@ -206,4 +225,4 @@ def _same_type(a, b) -> bool:
 
 
 __all__ = ["ACTIVATIONS", "OpNode", "Subprogram", "Split", "split_function", "split_module",
-           "rebuild_function"]
+           "rebuild_function", "matching_symbols"]
