@@ -191,3 +191,42 @@ def test_inlining_a_scope_read_in_its_padding_is_rejected():
     with pytest.raises(RuleNotApplicable, match="refuted"):
         check("traversal_merging", inline_scope(e, outer_read))
     assert compare_expressions(conv(), e).equal
+
+
+OPERATORS = {
+    "conv stride 2 dilation 2": lambda: canonical.conv2d(
+        Tensor("A", (1, 2, 9, 7)), Tensor("K", (3, 2, 3, 2)), strides=(2, 1), dilation=(2, 1),
+        padding=(1, 0, 1, 1)),
+    "grouped conv": lambda: canonical.conv2d(
+        Tensor("A", (1, 4, 5, 5)), Tensor("K", (6, 2, 3, 3)), groups=2, padding=(1, 1, 1, 1)),
+    "conv transpose stride 3": lambda: canonical.conv2d_transpose(
+        Tensor("A", (1, 2, 3, 2)), Tensor("W", (2, 3, 5, 3)), strides=(3, 2),
+        padding=(1, 0, 1, 0)),
+    "batch matmul transposed": lambda: canonical.matmul(
+        Tensor("A", (2, 3, 5)), Tensor("B", (2, 4, 5)), transpose_b=True),
+    "g2bmm dilation 3": lambda: canonical.g2bmm(Tensor("A", (2, 7, 3)), Tensor("B", (2, 7, 3)),
+                                                2, 3),
+    "gbmm": lambda: canonical.gbmm(Tensor("A", (1, 6, 5)), Tensor("B", (1, 6, 4)), 2, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_every_rule_instance_on_every_operator_preserves_the_value(name):
+    """Two levels of derivations from each operator: all proven instances equal the original."""
+    expr = OPERATORS[name]()
+    rules = [SummationSplitting(), VariableSubstitution(), SummationIteratorSplitting(),
+             TraversalMerging(), BoundaryTightening(), BoundaryRelaxing()]
+    inputs = random_inputs(expr, seed=7)
+    want = evaluate(expr, inputs)
+    frontier, seen = [expr], 0
+    for depth in range(2):
+        nxt = []
+        for e in frontier:
+            for rule in rules:
+                for d in rule.apply(e):
+                    np.testing.assert_allclose(evaluate(d.result, inputs), want, atol=1e-9,
+                                               err_msg=f"{name}: {d}")
+                    nxt.append(d.result)
+        seen += len(nxt)
+        frontier = nxt[:12]
+    assert seen >= 3, f"{name}: only {seen} derivations"
