@@ -93,6 +93,8 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
     balance = suite.machine.sgemm_gflops / suite.machine.copy_gbs
     load = f"{suite.load_average:.1f}" if suite.load_average is not None else "unknown"
     parts = [
+        "# Zoo benchmark",
+        "",
         f"Command: `{suite.command}`  ",
         f"Date: {suite.started_utc} (UTC), wall time {suite.wall_seconds / 60:.1f} min  ",
         f"Machine: {suite.machine.describe()}; machine balance {balance:.0f} FLOP/byte; "

@@ -78,14 +78,12 @@ def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ())
     import tvm
     from tvm import relax
 
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    main = vm["main"]
+    main = relax.VirtualMachine(executable, tvm.cpu())["main"]  # holds its VM alive
 
     def run(inputs: Inputs) -> list[np.ndarray]:
         args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in input_names]
         return _to_numpy_list(main(*args, *extra_args))
 
-    run.vm = vm  # kept alive with the closure; also handy for inspection
     return run
 
 
@@ -96,12 +94,32 @@ def _prepare_tvm_untuned(model: onnx.ModelProto, trials: int, work_dir: Path) ->
     return vm_runner(tvm.compile(from_onnx(model), host_target()), graph_input_names(model))
 
 
+def count_tuning_tasks(mod, target) -> int:
+    """How many MetaSchedule tasks `static_shape_tuning_pipeline` will extract from `mod`
+    (the same passes it runs before tuning, then MetaSchedule's own task extraction)."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir.meta_schedule.relax_integration import extract_tasks
+
+    with target:
+        lowered = tvm.transform.Sequential([
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.CanonicalizeBindings(),
+            relax.pipeline.zero_pipeline(),
+            relax.transform.AttachAttrLayoutFreeBuffers(),
+        ])(mod)
+    return len(extract_tasks(lowered, target))
+
+
 def _prepare_tvm_tuned(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
     """Stock TVM's tuned CPU path: MetaSchedule within `trials`, weights pre-packed.
 
-    `static_shape_tuning_pipeline(..., cpu_weight_prepack=True)` rewrites the weight layouts
-    the tuned kernels want into a separate `main_transform_params` function, which is run
-    once here (not timed), as a deployment would at load time.
+    The budget is spread evenly over the tasks (the pipeline's `max_trials_per_task`, which
+    its docstring asks to set): left unset, MetaSchedule's rounds of 64 candidates spend a
+    small budget on the first few tasks and leave the rest unscheduled.
+    `cpu_weight_prepack=True` moves the weight layout rewrites the tuned kernels want into a
+    separate `main_transform_params` function, run once here (not timed) as a deployment
+    would at load time.
     """
     import tvm
     from tvm import relax
@@ -109,9 +127,11 @@ def _prepare_tvm_tuned(model: onnx.ModelProto, trials: int, work_dir: Path) -> R
 
     target = host_target()
     mod, params = relax.frontend.detach_params(from_onnx(model, keep_params_in_input=True))
+    per_task = -(-trials // count_tuning_tasks(mod, target)) if trials > 0 else None
     work_dir.mkdir(parents=True, exist_ok=True)
     mod = relax.pipeline.static_shape_tuning_pipeline(
-        total_trials=trials, target=target, work_dir=str(work_dir), cpu_weight_prepack=True
+        total_trials=trials, target=target, work_dir=str(work_dir), cpu_weight_prepack=True,
+        max_trials_per_task=per_task,
     )(mod)
     executable = tvm.compile(mod, target)
     weights = []

@@ -36,11 +36,12 @@ class BenchConfig:
 ALL_MODELS = ("infogan", "dcgan", "fsrcnn", "gcn", "resnet18", "csrnet", "longformer",
               "bert", "vit", "mobilenetv2", "nafnet", "nerf")
 
-# A few minutes on 2 cores: small models, a token tuning budget (MetaSchedule measures in
-# rounds of 64 candidates, so 64 trials tune roughly one kernel per model).
-QUICK = BenchConfig(models=("infogan", "fsrcnn", "mobilenetv2", "vit"), trials=64,
+# A few minutes on an idle 2-core machine (MetaSchedule costs about 1.5 s a trial there):
+# three small models and a token budget of 16 trials (about 2 per tuning task).
+QUICK = BenchConfig(models=("infogan", "fsrcnn", "mobilenetv2"), trials=16,
                     plan=TimingPlan(repeats=5, warmup=1))
-# Every model at batch 1 with 1000 trials per model (about 15 rounds of 64 candidates).
+# Every model at batch 1 with 1000 trials per model (about 100 per task on a 10-task model;
+# 25-40 min of tuning per model on an idle 2-core machine).
 FULL = BenchConfig(models=ALL_MODELS, trials=1000, plan=TimingPlan(repeats=9, warmup=2))
 
 
