@@ -84,7 +84,8 @@ def _eoperator_module(expr: Expr):
     from tvm_einweld.relay_passes.eoperator import emit_eoperator
 
     tensors = input_tensors(expr)
-    params = {n: relax.Var(n, relax.TensorType(t.shape, t.dtype)) for n, t in sorted(tensors.items())}
+    params = {n: relax.Var(n, relax.TensorType(t.shape, t.dtype))
+              for n, t in sorted(tensors.items())}
     bb = relax.BlockBuilder()
     with bb.function("main", list(params.values())):
         with bb.dataflow():

@@ -10,7 +10,9 @@ For every Relax function:
    * a faster provider for the same operator (numpy's BLAS for a matmul, `numpy_gemm.py`),
    * the states of the distance-guided derivation search (`search.py`) from the operator's
      canonical expression, instantiated as predefined operators plus eOperators
-     (`instantiate.py`);
+     (`instantiate.py`; matched matmuls take the faster provider);
+   then, across operators, inter-expression merging: two operators that differ in one input
+   become one operator on the concatenated inputs (EinNet §4.2, Algorithm 1 line 11);
 3. cost every candidate (`op_cost.py`: predefined operators timed on the target, eOperators
    from bytes moved and measured bandwidth, weight-only kernels free because `FoldConstant`
    evaluates them at compile time) and keep the cheapest; a non-original choice must beat the
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
@@ -78,6 +81,8 @@ class Program:
 
 @dataclass(frozen=True)
 class OpResult:
+    """An operator's candidates (the original first), the chosen one, the search statistics."""
+
     op: OpNode
     candidates: Tuple[Program, ...]
     chosen: Program
@@ -290,8 +295,6 @@ def _tensor_inputs(call: relax.Call) -> List[relax.Expr]:
 
 def _points(func) -> int:
     """Iteration points of a PrimFunc: the sum over its blocks of their iteration domains."""
-    import math
-
     from tvm import s_tir
     from tvm_ffi import structural_walk
 
@@ -299,21 +302,17 @@ def _points(func) -> int:
 
     def visit(block) -> None:
         if len(block.iter_vars):
-            total[0] += math.prod(int(iv.dom.extent) for iv in block.iter_vars)
+            total[0] += int(np.prod([int(iv.dom.extent) for iv in block.iter_vars]))
 
     structural_walk(func, [(s_tir.SBlock, visit)])
     return total[0]
 
 
 def _itemsize(ty) -> int:
-    import numpy as np
-
     return np.dtype(str(ty.dtype)).itemsize
 
 
 def _nbytes(ty) -> int:
-    import numpy as np
-
     return int(np.prod([int(v) for v in ty.shape.values])) * np.dtype(str(ty.dtype)).itemsize
 
 
@@ -327,7 +326,8 @@ class DerivationTransform:
     Parameters: `max_depth`, `max_states`, `time_limit_s` (per operator) and `seed` bound the
     search; `rules` / `targets` override the rule set and the converging targets;
     `target` is where candidates are timed; `min_speedup` is the estimated gain a rewrite
-    needs (0 applies the cheapest alternative whatever it costs, for testing); `max_instantiations` caps derived candidates per operator; `providers` enables the
+    needs (0 applies the cheapest alternative whatever it costs, for testing);
+    `max_instantiations` caps derived candidates per operator; `providers` enables the
     numpy GEMM provider; `log` is a JSON-lines path or a list receiving one record per
     subprogram; `confirm_by_measurement` times a verified rewrite against the original
     subprogram and drops it unless it is faster (the eOperator estimate is a lower bound for

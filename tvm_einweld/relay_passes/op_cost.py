@@ -305,6 +305,7 @@ def op_kernel(call, target: str = "llvm", name: Optional[str] = None) -> Kernel:
 
 
 __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_intensity",
-           "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes", "eop_kernel", "measure_module", "call_key", "time_call",
+           "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes", "eop_kernel",
+           "measure_module", "best_seconds", "call_key", "time_call",
            "measure_call", "op_kernel", "single_call_module", "EOP_MAX_INTENSITY", "levels",
            "roofline_seconds"]

@@ -474,6 +474,7 @@ def default_targets() -> Dict[str, Distance]:
     return {op: level_distance(op) for op in ("matmul", "conv2d", "g2bmm")}
 
 
-__all__ = ["Budget", "State", "Proposal", "proposals", "Match", "SearchStats", "SearchResult", "explore", "converge",
+__all__ = ["Budget", "State", "Proposal", "proposals", "Match", "SearchStats", "SearchResult",
+           "explore", "converge",
            "distance_guided_search", "successors", "default_rules", "default_targets",
            "level_distance"]
