@@ -81,3 +81,11 @@ def test_split_expression_instantiates_as_two_matmuls_and_a_concat():
     split = apply_at(ExpressionSplitting(["n"], at=10), expr).result
     inst = run_and_compare(split, threshold=0)
     assert [k for k, _ in inst.kernels] == ["matmul", "matmul", "concat"]
+
+
+def test_grouped_and_depthwise_conv_instantiate_as_grouped_conv2d():
+    for c, f, groups in ((6, 9, 3), (5, 5, 5)):
+        expr = canonical.conv2d(Tensor("X", (1, c, 9, 8)), Tensor("K", (f, c // groups, 3, 3)),
+                                groups=groups, strides=(2, 1), padding=(1, 1, 1, 1))
+        inst = run_and_compare(expr, threshold=0)
+        assert inst.kernels == (("conv2d", f"{f}x{c // groups}x3x3 groups={groups}"),)

@@ -62,3 +62,11 @@ def test_g2bmm_dilation_and_no_false_match():
     m = next(match_g2bmm(e))
     assert m.attr("dilation") == 4 and m.group("i") == ("i",) and m.group("j") == ("j",)
     assert match(canonical.add(Tensor("U", (3, 4)), Tensor("V", (3, 4)))) is None
+
+
+def test_grouped_conv_matches_with_groups_attribute():
+    e = canonical.conv2d(Tensor("X", (1, 8, 6, 6)), Tensor("K", (12, 2, 3, 3)), groups=4)
+    m = next(match_conv2d(e))
+    assert m.attr("groups") == 4 and m.attr("channel_dim") == 1
+    assert expression_distance(canonical.conv2d(Tensor("X", (1, 8, 6, 6)),
+                                                Tensor("K", (12, 8, 3, 3))), "conv2d") == 0

@@ -263,14 +263,20 @@ class Instantiator:
         n_grp, f_grp, c_grp = m.group("n"), m.group("f"), m.group("c")
         spatial = m.attr("spatial")
         strides, dilation, offsets = m.attr("strides"), m.attr("dilation"), m.attr("offsets")
-        # The data must be a plain permutation of (n..., c..., H, W) with full ranges.
+        # The data must be a plain permutation of (n..., c..., H, W) with full ranges; a grouped
+        # convolution reads its channel dimension through (f // Fg)·Cg + c, whole.
+        groups, channel_dim = m.attr("groups"), m.attr("channel_dim")
         dims = {}
         for d, idx in enumerate(x.indices):
-            if isinstance(idx, ix.IVar):
+            if d == channel_dim:
+                dims[c_grp[0]] = d
+            elif isinstance(idx, ix.IVar):
                 it = its[idx.name]
                 if it.lo != 0 or it.extent != x.source.shape[d]:
                     return None
                 dims[idx.name] = d
+        if channel_dim is not None and x.source.shape[channel_dim] != its[c_grp[0]].extent * groups:
+            return None
         order = [dims[n] for n in n_grp + c_grp if n in dims]
         if len(order) != len(n_grp) + len(c_grp) or len(order) + 2 != len(x.indices):
             return None
@@ -280,7 +286,7 @@ class Instantiator:
             data = self.bb.emit(relax.op.permute_dims(data, order))
         ext = _extent_of(its)
         size = [x.source.shape[d] for _, _, d in spatial]
-        data = self._reshape(data, [ext(n_grp), ext(c_grp)] + size)
+        data = self._reshape(data, [ext(n_grp), ext(c_grp) * groups] + size)
         kernel = self.operand(w, [its[n] for n in f_grp + c_grp] + [its[r] for _, r, _ in spatial])
         kernel = self._reshape(kernel, [ext(f_grp), ext(c_grp)] + [its[r].extent
                                                                    for _, r, _ in spatial])
@@ -295,12 +301,14 @@ class Instantiator:
             after.append(pa)
             out_sizes.append((n + pb + pa - b * (kr - 1) - 1) // a + 1)
         out = self.bb.emit(relax.op.nn.conv2d(data, kernel, strides=list(strides),
-                                              padding=before + after, dilation=list(dilation)))
+                                              padding=before + after, dilation=list(dilation),
+                                              groups=groups))
         want = [its[t].extent for t, _, _ in spatial]
         if out_sizes != want:
             out = self.bb.emit(relax.op.strided_slice(out, axes=[2, 3], begin=[0, 0], end=want))
         self.kernels.append(("conv2d", f"{ext(f_grp)}x{ext(c_grp)}x"
-                             f"{'x'.join(str(its[r].extent) for _, r, _ in spatial)}"))
+                             f"{'x'.join(str(its[r].extent) for _, r, _ in spatial)}"
+                             + (f" groups={groups}" if groups > 1 else "")))
         return self._finish(expr, out, n_grp + f_grp + tuple(t for t, _, _ in spatial), "Conv2d")
 
     def _emit_g2bmm(self, expr: Expr, m: Match) -> Optional[Placed]:

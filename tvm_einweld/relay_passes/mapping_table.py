@@ -197,12 +197,47 @@ def _pair_spatial(x: Access, hw: Tuple[str, ...], rs: Tuple[str, ...]):
     return pairs
 
 
+def grouped_channel(expr: Expr, x: Access, w: Access) -> Optional[Tuple[int, str, str, int]]:
+    """(dim, f, c, groups) when a data index is (f // Fg)·Cg + c: a grouped convolution's
+    channel, with f the output channel (traversal, read by the weight) and c ∈ [0, Cg)."""
+    from .index_simplify import atom_form
+
+    trav = {it.name for it in expr.traversals}
+    w_vars = set().union(*(ix.free_vars(i) for i in w.indices))
+    for d, idx in enumerate(x.indices):
+        coeffs, const = atom_form(idx)
+        if const or len(coeffs) != 2:
+            continue
+        # f // Fg, or f itself when Fg = 1 (depthwise: the constructors fold f // 1 to f).
+        divs = [(a.lhs.name, a.rhs.value) if isinstance(a, ix.IBin) else (a.name, 1)
+                for a in coeffs
+                if (isinstance(a, ix.IBin) and a.op == "//" and isinstance(a.lhs, ix.IVar)
+                    and a.lhs.name in trav and a.lhs.name in w_vars)
+                or (isinstance(a, ix.IVar) and a.name in trav and a.name in w_vars)]
+        plain = [a for a in coeffs if isinstance(a, ix.IVar) and a.name not in trav]
+        if len(divs) != 1 or len(plain) != 1 or coeffs[plain[0]] != 1:
+            continue
+        (f, fg), c = divs[0], plain[0].name
+        cg = coeffs[ix.IVar(f) if fg == 1 else ix.floordiv(ix.IVar(f), fg)]
+        f_it, c_it = expr.iterator(f), expr.iterator(c)
+        if (f_it.lo, c_it.lo) == (0, 0) and c_it.extent == cg and f_it.extent % fg == 0:
+            return d, f, c, f_it.extent // fg
+    return None
+
+
 def match_conv2d(expr: Expr) -> PyIterator[Match]:
     """2-D convolution: two compound index functions a·t + b·r + c of the data (stride a,
-    dilation b, padding −c), n / f / c groups of plain iterators (several flatten into one)."""
+    dilation b, padding −c), n / f / c groups of plain iterators (several flatten into one);
+    a data channel (f // Fg)·Cg + c makes it a grouped convolution (attribute `groups`)."""
     row = TABLE["conv2d"]
     for x, w in _mappings(expr):
-        sigs = signatures(expr, x, w)
+        grouped = grouped_channel(expr, x, w)
+        if grouped is not None:  # group as if the data read channel c alone
+            d, _, c, _ = grouped
+            plain_x = Access(x.source, x.indices[:d] + (ix.IVar(c),) + x.indices[d + 1:])
+            sigs = signatures(expr, plain_x, w)
+        else:
+            sigs = signatures(expr, x, w)
         groups = _grouped(expr, sigs, row)
         if groups is None or len(groups["hw"]) != 2 or len(groups["rs"]) != 2:
             continue
@@ -211,9 +246,13 @@ def match_conv2d(expr: Expr) -> PyIterator[Match]:
             continue
         if any(a <= 0 or b <= 0 for _, _, a, b, _, _ in pairs):
             continue
+        if grouped is not None and (groups["f"] != (grouped[1],) or groups["c"] != (grouped[2],)):
+            continue
         attrs = (("strides", (pairs[0][2], pairs[1][2])), ("dilation", (pairs[0][3], pairs[1][3])),
                  ("offsets", (pairs[0][4], pairs[1][4])),
-                 ("spatial", tuple((t, r, d) for t, r, _, _, _, d in pairs)))
+                 ("spatial", tuple((t, r, d) for t, r, _, _, _, d in pairs)),
+                 ("groups", grouped[3] if grouped else 1),
+                 ("channel_dim", grouped[0] if grouped else None))
         yield Match("conv2d", x, w, tuple(groups.items()), attrs)
 
 
