@@ -161,22 +161,64 @@ def _loop_kinds(sch, rv):
 _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 
 
+def _uses(expr, var) -> bool:
+    return any(var.same_as(u) for u in tvm.tirx.analysis.undefined_vars(expr, []))
+
+
+def _walks_contiguously(sch, rv, loop) -> bool:
+    """Does `loop` only ever move the last index of the buffers the block reads?"""
+    realize = _get_realize(sch, rv)
+    loop_var = sch.get(loop).loop_var
+    block_vars = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+                  if _uses(value, loop_var)]
+    for read in realize.block.reads:
+        for var in block_vars:
+            if any(_uses(r.min, var) for r in list(read.region)[:-1]):
+                return False
+    return True
+
+
+def _lanes(extent: int) -> int:
+    return next((v for v in (16, 8, 4) if extent % v == 0), 0)
+
+
 def _vectorize_inner(sch, rv, depth) -> None:
-    """CPU: reductions outside the innermost spatial loop, which is vectorised."""
+    """CPU: vectorise the innermost spatial loop; reductions get a register tile around it.
+
+    For a reduction whose innermost spatial loop walks its inputs contiguously (matmul's j, a
+    conv's output column) the reduction loops move outside a rows x lanes block of accumulators,
+    unrolled and vectorised so LLVM keeps them in registers. A reduction along the contiguous
+    axis (softmax's row max and sum) keeps its order: vectorising across rows would gather.
+    """
     spatial, reduce = _split_loops(sch, rv, depth)
-    if not spatial:
+    if not spatial or (reduce and not _walks_contiguously(sch, rv, spatial[-1])):
         return
     inner = spatial[-1]
-    if reduce:
-        sch.reorder(*spatial[:-1], *reduce, inner)
-    extent = int(sch.get(inner).extent)
-    lanes = next((v for v in (16, 8, 4) if extent % v == 0), 0)
+    lanes = _lanes(int(sch.get(inner).extent))
+    vec = None
     if lanes:
-        if extent > lanes:
-            _, inner = sch.split(inner, [None, lanes])
-        sch.vectorize(inner)
-    if reduce:  # after vectorising, as MetaSchedule's postprocessors do
-        sch.decompose_reduction(rv, reduce[0])
+        inner, vec = sch.split(inner, [None, lanes]) if int(sch.get(inner).extent) > lanes else (
+            None, inner)
+    if not reduce:
+        if vec is not None:
+            sch.vectorize(vec)
+        return
+    rows = spatial[:-1]
+    row_tile = []
+    if rows:
+        extent = int(sch.get(rows[-1]).extent)
+        factor = next((v for v in (8, 4, 2) if extent % v == 0 and extent > v), 0)
+        if factor:
+            row_outer, row_inner = sch.split(rows[-1], [None, factor])
+            rows = rows[:-1] + [row_outer]
+            row_tile = [row_inner]
+    outer = rows + ([inner] if inner is not None else [])
+    sch.reorder(*outer, *reduce, *row_tile, *([vec] if vec is not None else []))
+    for loop in row_tile:
+        sch.unroll(loop)
+    if vec is not None:
+        sch.vectorize(vec)
+    sch.decompose_reduction(rv, reduce[0])  # after vectorising, as MetaSchedule's postprocs do
 
 
 def _bind_threads(sch, rv, depth, threads: int) -> None:

@@ -210,3 +210,12 @@ def device_for_target(target) -> Device:
 def describe(device: Device) -> dict:
     """A JSON-friendly view (used by the benchmark to print the machine)."""
     return asdict(device)
+
+
+def host_target(num_cores: int | None = None):
+    """An llvm target for this CPU (its -mcpu, so LLVM may use AVX2/AVX-512) and core count."""
+    import tvm  # pylint: disable=import-outside-toplevel
+    from tvm.target import codegen  # pylint: disable=import-outside-toplevel
+
+    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(),
+                              "num-cores": num_cores or os.cpu_count() or 1})

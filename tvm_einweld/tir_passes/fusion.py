@@ -40,6 +40,7 @@ class FusionReport:
     plan: GraphPlan
     replaced: tuple[tuple[str, ...], ...]
     rejected: tuple[tuple[tuple[str, ...], str], ...]
+    measurements: int = 0  # kernels built and timed on the target while scheduling
 
 
 def prepare() -> tvm.transform.Pass:
@@ -101,12 +102,14 @@ class TileGraphFusion:
         self.measure = (self.device.kind == "cpu") if measure is None else measure
         self.verify = verify
         self.report: FusionReport | None = None
+        self._measured = 0
 
     def transform_module(self, mod: ir.IRModule, _ctx) -> ir.IRModule:
         graph = build_tile_graph(mod, "main")
         if not graph.nodes:
             return mod
         factory = KernelFactory(graph, self.device)
+        self._measured = 0
         plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory))
         replacements, rejected = [], []
         for group in plan.groups:
@@ -124,7 +127,8 @@ class TileGraphFusion:
                     continue
             replacements.append((group.sub, func))
         self.report = FusionReport(plan, tuple(tuple(n.name for n in s.nodes)
-                                               for s, _ in replacements), tuple(rejected))
+                                               for s, _ in replacements), tuple(rejected),
+                                   self._measured)
         return replace_groups(mod, graph, replacements)
 
     def _evaluator(self, graph, factory):
@@ -136,6 +140,7 @@ class TileGraphFusion:
                 return None
             if not self.measure:
                 return estimated_seconds(cand.cost, self.device)
+            self._measured += 1
             try:
                 return time_kernel(func, graph, sub, self.target)
             except Exception as err:  # pylint: disable=broad-except  # unbuildable = unusable
