@@ -61,6 +61,7 @@ def test_text_output(tmp_path, capsys):
     assert derive.run(parse([str(model), "--max-depth", "1", "--time-limit", "1"])) == 0
     text = capsys.readouterr().out
     assert "subprogram main#0: relax.nn.conv2d" in text and "chosen:" in text
+    assert "best at depth 0" in text and "pruned by fingerprint" in text
 
 
 def test_missing_file(tmp_path):

@@ -82,6 +82,9 @@ def _print_result(r) -> None:
             print(f"  {o.op.kind}: {s.states} states, {s.pruned} pruned by fingerprint "
                   f"({100 * s.pruned_fraction:.0f}%), {s.seconds:.2f} s, stopped by "
                   f"{s.stopped_by}")
+        for depth, est, rules in o.best_per_depth:
+            print(f"    best at depth {depth}: {est * 1e3:.3f} ms by the roofline estimate  "
+                  f"[{' > '.join(rules) or '-'}]")
         for c in sorted(o.candidates, key=lambda c: c.seconds):
             mark = "*" if c is o.chosen else " "
             rules = " > ".join(c.rules) or "-"

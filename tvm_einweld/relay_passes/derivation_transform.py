@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -50,7 +50,10 @@ from ..expr.fingerprint import structurally_equal
 from ..verify.random_testing import compare_relax
 from ..verify.smt import ProofResult
 from . import numpy_gemm
-from .op_cost import EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, program_seconds, time_call
+from .op_cost import (
+    EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, program_seconds, roofline_seconds,
+    time_call,
+)
 from .search import Budget, SearchResult, SearchStats, State, default_rules, \
     default_targets, distance_guided_search
 from .subprograms import OpNode, Subprogram, matching_symbols, rebuild_function, split_module
@@ -88,6 +91,8 @@ class OpResult:
     chosen: Program
     stats: Optional[SearchStats]
     notes: Tuple[str, ...] = ()
+    # (depth, roofline estimate in seconds, rules) of the search's best state per depth
+    best_per_depth: Tuple[Tuple[int, float, Tuple[str, ...]], ...] = ()
 
     @property
     def original(self) -> Program:
@@ -396,8 +401,9 @@ class DerivationTransform:
         if unproven:
             evidence += "; unproven side conditions: " + "; ".join(unproven)
         if not ok:
-            kept = tuple(OpResult(o.op, o.candidates, o.original, o.stats,
-                                  o.notes + (f"rewrite rejected: {evidence}",)) for o in ops)
+            kept = tuple(replace(o, chosen=o.original,
+                                 notes=o.notes + (f"rewrite rejected: {evidence}",))
+                         for o in ops)
             return SubprogramResult(sub, kept, False, False, evidence)
         if not self.confirm_by_measurement:
             return SubprogramResult(sub, ops, True, True, evidence)
@@ -408,8 +414,7 @@ class DerivationTransform:
         if after_s >= before_s:
             note = (f"rewrite not applied: measured {after_s:.3g} s, original {before_s:.3g} s "
                     f"(estimated {sum(o.chosen.seconds for o in ops):.3g} s)")
-            kept = tuple(OpResult(o.op, o.candidates, o.original, o.stats, o.notes + (note,))
-                         for o in ops)
+            kept = tuple(replace(o, chosen=o.original, notes=o.notes + (note,)) for o in ops)
             return SubprogramResult(sub, kept, False, True, evidence, before_s, after_s)
         return SubprogramResult(sub, ops, True, True, evidence, before_s, after_s)
 
@@ -420,15 +425,18 @@ class DerivationTransform:
                 tvm.target.Target(self.target).kind.name == "llvm" and \
                 numpy_gemm.supports(*op.args):
             candidates.append(self._program("numpy_gemm", op, _gemm_emit(op)))
-        stats = None
+        stats, best = None, ()
         try:
             result = self.search(op.expr)
             stats = result.stats
+            best = tuple((s.depth, roofline_seconds(s.expr), s.rules)
+                         for s in result.best_per_depth if s is not None)
             notes += [f"rule error: {e}" for e in stats.rule_errors[:3]]
             candidates += self._derived(op, result, notes)
         except Exception as err:  # the search is an optimisation: failing it keeps the op
             notes.append(f"search failed: {type(err).__name__}: {err}")
-        return OpResult(op, tuple(candidates), self.choose(candidates), stats, tuple(notes))
+        return OpResult(op, tuple(candidates), self.choose(candidates), stats, tuple(notes),
+                        best)
 
     def choose(self, candidates: Sequence[Program]) -> Program:
         """The cheapest candidate whose estimated speedup over the original (candidates[0])
@@ -455,13 +463,15 @@ class DerivationTransform:
                 continue  # b's inputs are not all available where a is computed
             try:
                 merged = merge_expressions(a.op.expr, b.op.expr)
+            except (RuleNotApplicable, ValueError):
+                continue  # not two computations differing in one input
+            try:
                 emit_a, emit_b = _merged_emits(merged, self._providers)
                 mod = subprogram_module((a.op, b.op), [emit_a, emit_b])
                 kernels = program_kernels(mod, self.target)
-            except (RuleNotApplicable, ValueError, NotImplementedError) as err:
-                a = OpResult(a.op, a.candidates, a.chosen, a.stats,
-                             a.notes + (f"merge with {b.op.var.name} not possible: {err}",))
-                ops[i] = a
+            except Exception as err:  # not instantiable (yet): not a candidate
+                ops[i] = replace(a, notes=a.notes + (f"merge with {b.op.var.name} not "
+                                                     f"instantiated: {type(err).__name__}: {err}",))
                 continue
             rules, steps = (merged.rule,), (merged.description,)
             program = Program("merged", kernels, emit_a, rules, steps, merged.proofs)
@@ -470,10 +480,10 @@ class DerivationTransform:
             current = a.chosen.seconds + b.chosen.seconds
             take = program.seconds * self.min_speedup < original and \
                 (program.seconds < current or self.min_speedup == 0)
-            ops[i] = OpResult(a.op, a.candidates + (program,), program if take else a.chosen,
-                              a.stats, a.notes)
+            ops[i] = replace(a, candidates=a.candidates + (program,),
+                             chosen=program if take else a.chosen)
             if take:
-                ops[j] = OpResult(b.op, b.candidates, partner, b.stats, b.notes)
+                ops[j] = replace(b, chosen=partner)
                 merged_away |= {i, j}
         return tuple(ops)
 
@@ -486,7 +496,7 @@ class DerivationTransform:
     def search(self, expr: Expr) -> SearchResult:
         rules = self.rules if self.rules is not None else default_rules()
         targets = self.targets if self.targets is not None else default_targets()
-        return distance_guided_search(expr, rules, targets, self.budget)
+        return distance_guided_search(expr, rules, targets, self.budget, rank=roofline_seconds)
 
     def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None
                  ) -> Program:
