@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import platform
 import statistics
@@ -36,7 +35,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from tvm_einweld.expr import Tensor, evaluate, random_inputs
+from tvm_einweld.expr import Tensor, random_inputs
 from tvm_einweld.relay_passes import cases as C
 from tvm_einweld.relay_passes.eoperator import default_cpu_schedule
 from tvm_einweld.relay_passes.instantiate import instantiate

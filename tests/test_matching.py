@@ -1,6 +1,6 @@
 """Iterator-mapping table: expression distance and attribute matching from coefficients."""
 from tvm_einweld.expr import Tensor, canonical
-from tvm_einweld.relay_passes import TABLE, apply_at, expression_distance, match
+from tvm_einweld.relay_passes import TABLE, expression_distance, match
 from tvm_einweld.relay_passes.cases import conv3x3_to_matmul
 from tvm_einweld.relay_passes.derivation import locations
 from tvm_einweld.relay_passes.mapping_table import match_conv2d, match_g2bmm, match_matmul

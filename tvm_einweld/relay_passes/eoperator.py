@@ -10,9 +10,8 @@ OffsetReduce sums a handful of terms) moved between the two so the vector lanes 
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence
+from typing import Mapping, Sequence
 
-import tvm
 from tvm import relax, te, tirx
 
 from ..expr.expression import Expr, input_tensors

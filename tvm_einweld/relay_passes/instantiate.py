@@ -26,7 +26,7 @@ from ..expr import index as ix
 from ..expr.expression import (
     Access, BinaryOp, Expr, Iterator, Scope, Tensor, accesses, input_tensors, map_accesses,
 )
-from .derivation import fresh_name, replace_source, simplify, widen_padding
+from .derivation import fresh_name, widen_padding
 from .eoperator import FLOPS_PER_ELEMENT_THRESHOLD, arithmetic_intensity, emit_eoperator
 from .index_simplify import simplify_index
 from .mapping_table import MATCHERS, Match
@@ -56,6 +56,16 @@ def eoperator_kind(expr: Expr) -> str:
     if single:
         return "OffsetReduce" if expr.sums else "DLT"
     return "Kernel" if expr.sums else "Elementwise"
+
+
+def _layout_rank(m: Match, inner_hint: Optional[str]) -> int:
+    """Prefer matches whose output's innermost dimension is the consumer's innermost read
+    (`inner_hint`), then ones where it is at least in the output's last group; the sort is
+    stable, so ties keep the matcher's order (expression order first)."""
+    last = dict(m.groups).get("n", dict(m.groups).get("j", ()))
+    if inner_hint is None or not last:
+        return 0
+    return 0 if last[-1] == inner_hint else 1 if inner_hint in last else 2
 
 
 def _sum_terms(s) -> List:
@@ -102,9 +112,7 @@ class Instantiator:
                 return placed
         if arithmetic_intensity(expr) >= self.threshold:
             for op in self.match_ops:
-                matches = list(MATCHERS[op](expr))
-                matches.sort(key=lambda m: 0 if inner_hint in dict(m.groups).get(
-                    "n", dict(m.groups).get("j", ())) else 1)
+                matches = sorted(MATCHERS[op](expr), key=lambda m: _layout_rank(m, inner_hint))
                 for m in matches:
                     placed = getattr(self, f"_emit_{op}")(expr, m)
                     if placed is not None:

@@ -23,6 +23,7 @@ from typing import Dict, Iterable, Optional, Tuple
 from ..expr import index as ix
 from ..expr.expression import (
     Access, BinaryOp, Constant, Expr, Iterator, Scalar, Scope, Tensor, UnaryOp, accesses,
+    map_accesses,
 )
 from ..verify.smt import ProofResult, prove_constant_region, prove_partition
 from .derivation import (
@@ -194,8 +195,6 @@ def fuse(consumer: Expr, tensor: str, producer: Expr, inline: bool = True) -> De
         if isinstance(a.source, Tensor) and a.source.name == tensor:
             return Access(Scope(producer, a.source.pad), a.indices)
         return a
-
-    from ..expr.expression import map_accesses
 
     fused = Expr(consumer.traversals, consumer.sums, map_accesses(consumer.body, to_scope),
                  consumer.dtype)

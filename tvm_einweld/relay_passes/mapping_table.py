@@ -16,12 +16,12 @@ canonical iterators; several iterators of one group can still instantiate by fla
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import itertools
+from dataclasses import dataclass
 from typing import Dict, Iterator as PyIterator, List, Mapping, Optional, Tuple
 
 from ..expr import index as ix
-from ..expr.expression import Access, BinaryOp, Expr, Iterator, Tensor
+from ..expr.expression import Access, BinaryOp, Expr, Tensor
 
 # (in X, in Y, in output, compound)
 Signature = Tuple[bool, bool, bool, bool]
@@ -161,25 +161,44 @@ def _mappings(expr: Expr) -> PyIterator[Tuple[Access, Access]]:
         yield pair[1], pair[0]
 
 
+MAX_ORDERINGS = 24
+
+
+def _orderings(groups: Mapping[str, Tuple[str, ...]]) -> PyIterator[Dict[str, Tuple[str, ...]]]:
+    """The iterator mappings within groups: every order of each group's iterators (the order
+    they flatten in), expression order first, at most MAX_ORDERINGS in all."""
+    names = list(groups)
+    choices = [list(itertools.permutations(groups[g])) for g in names]
+    for combo in itertools.islice(itertools.product(*choices), MAX_ORDERINGS):
+        yield dict(zip(names, combo))
+
+
 def match_matmul(expr: Expr) -> PyIterator[Match]:
-    """Batch matmul: every group may hold several iterators (they flatten into one dimension).
+    """Batch matmul: every group may hold several iterators (they flatten into one dimension,
+    in each order `_orderings` yields).
 
     Attributes: transpose flags and leading dimensions from the flattened coefficients."""
     row = TABLE["batch_matmul"]
     for x, y in _mappings(expr):
-        groups = _grouped(expr, signatures(expr, x, y), row)
-        if groups is None or not groups["m"] and not groups["n"] or not groups["k"]:
+        grouped = _grouped(expr, signatures(expr, x, y), row)
+        if grouped is None or not grouped["m"] and not grouped["n"] or not grouped["k"]:
             continue
-        attrs = []
-        for name, acc, outer in (("a", x, "m"), ("b", y, "k")):
-            form = flattened(acc)
-            if form is not None and groups[outer] and groups["k" if outer == "m" else "n"]:
-                inner = groups["k" if outer == "m" else "n"]
-                c_outer = form[0].get(groups[outer][-1], 0)
-                c_inner = form[0].get(inner[-1], 0)
-                attrs += [(f"transpose_{name}", abs(c_outer) < abs(c_inner)),
-                          (f"ld{name}", max(abs(c_outer), abs(c_inner)))]
-        yield Match("matmul", x, y, tuple(groups.items()), tuple(attrs))
+        for groups in _orderings(grouped):
+            yield _matmul_match(x, y, groups)
+
+
+def _matmul_match(x: Access, y: Access, groups: Mapping[str, Tuple[str, ...]]) -> Match:
+    """Transpose flags and leading dimensions: compare the flattened coefficients of the
+    innermost iterators of the two groups each operand reads."""
+    attrs = []
+    for name, acc, outer, inner in (("a", x, "m", "k"), ("b", y, "k", "n")):
+        form = flattened(acc)
+        if form is not None and groups[outer] and groups[inner]:
+            c_outer = abs(form[0].get(groups[outer][-1], 0))
+            c_inner = abs(form[0].get(groups[inner][-1], 0))
+            attrs += [(f"transpose_{name}", c_outer < c_inner),
+                      (f"ld{name}", max(c_outer, c_inner))]
+    return Match("matmul", x, y, tuple(groups.items()), tuple(attrs))
 
 
 def _pair_spatial(x: Access, hw: Tuple[str, ...], rs: Tuple[str, ...]):

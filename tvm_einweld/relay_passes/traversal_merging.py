@@ -12,10 +12,12 @@ A scope with its own summation can only be inlined when the outer body is that s
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable
 
 from ..expr import index as ix
-from ..expr.expression import Access, Expr, Iterator, Scope, map_accesses, substitute_body
+from ..expr.expression import (
+    Access, Expr, Iterator, Scope, accesses, map_accesses, substitute_body,
+)
 from ..verify.smt import prove_image_within
 from .derivation import Candidate, Rule, fresh_name, widen_padding
 
@@ -58,8 +60,6 @@ class TraversalMerging(Rule):
 
     def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
         seen = []
-        from ..expr.expression import accesses
-
         for acc in accesses(expr.body):
             if isinstance(acc.source, Scope) and acc not in seen:
                 seen.append(acc)

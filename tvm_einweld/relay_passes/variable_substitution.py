@@ -20,7 +20,6 @@ Summation iterators are substituted in place (`SummationIteratorSplitting`): Σ_
 """
 from __future__ import annotations
 
-import itertools
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..expr import index as ix
