@@ -82,3 +82,21 @@ def test_dilated_g2bmm_becomes_dense_g2bmm_with_layout_eoperators(n):
 def test_two_matmuls_sharing_an_input_become_one(m, n1, n2):
     case = merged_matmuls(Tensor("A", (m, 12)), Tensor("B1", (12, n1)), Tensor("B2", (12, n2)))
     check_case(case, ["concat", "matmul"], threshold=0)
+
+
+def test_offset_reduce_and_relu_fuse_into_one_eoperator():
+    """Fig. 3(a): after the conv3x3 derivation, the Relu that consumed the conv is fused with
+    the OffsetReduce (expression fusion), giving one Matmul and one eOperator."""
+    from tvm_einweld.relay_passes import fuse
+
+    shape, weight = (1, 16, 9, 7), (24, 16, 3, 3)
+    case = conv3x3_to_matmul(Tensor("A", shape), Tensor("K", weight))
+    relu = canonical.relu(Tensor("T", case.original[0].shape))
+    fused = fuse(relu, "T", case.derived[0]).result
+    inst = instantiate(fused)
+    assert [k for k, _ in inst.kernels] == ["matmul", "eOperator"]
+    assert inst.kernels[1][1] == "OffsetReduce_Relu"
+    inputs = random_inputs(case.original[0], seed=9)
+    out = build(inst)(*[inputs[n] for n in inst.input_names])
+    np.testing.assert_allclose(out, np.maximum(evaluate(case.original[0], inputs), 0),
+                               rtol=1e-4, atol=1e-4)

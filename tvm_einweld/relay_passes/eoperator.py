@@ -10,11 +10,13 @@ OffsetReduce sums a handful of terms) moved between the two so the vector lanes 
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import math
+
+from typing import Mapping, Optional, Sequence
 
 from tvm import relax, te, tirx
 
-from ..expr.expression import Expr, input_tensors
+from ..expr.expression import Expr, Tensor, accesses, input_tensors
 from ..expr.lowering import to_te
 
 VECTOR_WIDTHS = (16, 8, 4)
@@ -23,12 +25,13 @@ FLOPS_PER_ELEMENT_THRESHOLD = 4.0
 
 
 def arithmetic_intensity(expr: Expr) -> float:
-    """FLOPs per element moved (inputs read once, output written once), EinNet's measure."""
-    import math
-
+    """FLOPs per element moved, EinNet's measure: the sources this level reads directly
+    (tensors, and scopes as the tensors they materialise) read once, the output written once."""
     points = math.prod(it.extent for it in expr.iterators)
     flops = 2 * points if expr.sums else points
-    elements = math.prod(expr.shape) + sum(math.prod(t.shape) for t in input_tensors(expr).values())
+    sources = {(a.source.name if isinstance(a.source, Tensor) else id(a.source)): a.source.shape
+               for a in accesses(expr.body)}
+    elements = math.prod(expr.shape) + sum(math.prod(shape) for shape in sources.values())
     return flops / max(1, elements)
 
 
@@ -36,18 +39,30 @@ def _extent(loop_rv, sch) -> int:
     return int(sch.get(loop_rv).extent)
 
 
-def default_cpu_schedule(func: tirx.PrimFunc, block_name: str) -> tirx.PrimFunc:
-    """Parallel outer loop, vectorised inner spatial loop (see the module docstring)."""
+def default_cpu_schedule(func: tirx.PrimFunc, block_name: Optional[str] = None
+                         ) -> tirx.PrimFunc:
+    """Parallel outer loop, vectorised inner spatial loop (see the module docstring), for the
+    block `block_name` or, by default, for every stage of the function in turn (a fused
+    eOperator has one stage per materialised scope)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    block = sch.get_sblock(block_name)
+    if block_name is not None:
+        blocks = [block_name]
+    else:
+        blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    for name in blocks:
+        _schedule_block(sch, sch.get_sblock(name))
+    return sch.mod["main"]
+
+
+def _schedule_block(sch, block) -> None:
     loops = sch.get_loops(block)
     kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
     spatial = [lp for lp, k in zip(loops, kinds) if k == 0]
     reduce = [lp for lp, k in zip(loops, kinds) if k != 0]
     if not spatial:
-        return sch.mod["main"]
+        return
     inner = spatial[-1]
     extent = _extent(inner, sch)
     width = next((w for w in VECTOR_WIDTHS if extent % w == 0), None)
@@ -72,7 +87,6 @@ def default_cpu_schedule(func: tirx.PrimFunc, block_name: str) -> tirx.PrimFunc:
         sch.vectorize(vec)
     if reduce:
         sch.decompose_reduction(block, reduce[0])
-    return sch.mod["main"]
 
 
 def eoperator_func(expr: Expr, name: str, input_names: Sequence[str]) -> tirx.PrimFunc:
@@ -83,7 +97,7 @@ def eoperator_func(expr: Expr, name: str, input_names: Sequence[str]) -> tirx.Pr
                     for n in input_names}
     out = to_te(expr, placeholders, name)
     func = te.create_prim_func([placeholders[n] for n in input_names] + [out])
-    return default_cpu_schedule(func, name).with_attr("global_symbol", name)
+    return default_cpu_schedule(func).with_attr("global_symbol", name)
 
 
 def emit_eoperator(bb: relax.BlockBuilder, expr: Expr, values: Mapping[str, relax.Expr],

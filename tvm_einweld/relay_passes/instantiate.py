@@ -6,7 +6,9 @@ expression then reads as a tensor. A compute-bound expression (arithmetic intens
 `permute_dims` / `reshape` / `strided_slice` / `concat` as glue — or, for G2BMM (no Relax op), a named TE kernel; operand
 layouts that are not a plain transpose are produced by DLT eOperators. Everything else becomes
 an eOperator (`eoperator.py`) with a readable name: OffsetReduce (a sum over shifted reads),
-DLT (a pure data-layout transformation), Elementwise, Kernel.
+DLT (a pure data-layout transformation), Relu / Tanh / ... (one unary function), Elementwise,
+Kernel. Memory-bound scopes read by a memory-bound expression are fused into its eOperator
+(named after its stages, e.g. OffsetReduce_Relu).
 
 Stored layout: a value of an expression with traversal iterators x_i ∈ [lo_i, hi_i) is kept in
 a Relax tensor whose dimension k holds iterator `layout[k]` at position x − lo (`Placed`); the
@@ -24,7 +26,8 @@ from tvm import relax
 
 from ..expr import index as ix
 from ..expr.expression import (
-    Access, BinaryOp, Expr, Iterator, Scope, Tensor, accesses, input_tensors, map_accesses,
+    Access, BinaryOp, Expr, Iterator, Scope, Tensor, UnaryOp, accesses, input_tensors,
+    map_accesses,
 )
 from .derivation import fresh_name, widen_padding
 from .eoperator import FLOPS_PER_ELEMENT_THRESHOLD, arithmetic_intensity, emit_eoperator
@@ -52,10 +55,21 @@ class Placed:
 
 
 def eoperator_kind(expr: Expr) -> str:
-    single = isinstance(expr.body, Access)
-    if single:
+    body = expr.body
+    if isinstance(body, Access):
         return "OffsetReduce" if expr.sums else "DLT"
+    if isinstance(body, UnaryOp) and isinstance(body.arg, Access) and not expr.sums:
+        return body.fn.capitalize()
     return "Kernel" if expr.sums else "Elementwise"
+
+
+def _scopes_of(expr: Expr) -> List[Scope]:
+    """The distinct scopes `expr` reads directly, in body order."""
+    out: List[Scope] = []
+    for a in accesses(expr.body):
+        if isinstance(a.source, Scope) and a.source not in out:
+            out.append(a.source)
+    return out
 
 
 def _layout_rank(m: Match, inner_hint: Optional[str]) -> int:
@@ -120,16 +134,30 @@ class Instantiator:
         return self._emit_eoperator(expr)
 
     def _replace_scopes(self, expr: Expr) -> Expr:
+        """Instantiate the scopes `expr` reads and read their values instead.
+
+        Memory-bound scopes read by a memory-bound expression stay nested (with their own
+        scopes instantiated): the expression and they become one fused eOperator, one kernel
+        with a stage per scope, the paper's fusion of chains of memory-bound operators such
+        as OffsetReduce + Relu."""
         inner = expr.traversals[-1].name if expr.traversals else None
-        for acc in list(accesses(expr.body)):
-            scope = acc.source
-            if not isinstance(scope, Scope):
+        fuse = arithmetic_intensity(expr) < self.threshold
+        for scope in _scopes_of(expr):
+            if scope not in self.placed and fuse \
+                    and arithmetic_intensity(scope.expr) < self.threshold:
+                kept = Scope(self._replace_scopes(scope.expr), scope.pad)
+                body = map_accesses(expr.body, lambda a, s=scope, k=kept: Access(k, a.indices)
+                                    if a.source == s else a)
+                expr = Expr(expr.traversals, expr.sums, body, expr.dtype)
                 continue
             if scope not in self.placed:
                 hint = None
-                for d, idx in enumerate(acc.indices):
-                    if inner is not None and inner in ix.free_vars(idx):
-                        hint = scope.expr.traversals[d].name
+                for acc in accesses(expr.body):
+                    if acc.source != scope:
+                        continue
+                    for d, idx in enumerate(acc.indices):
+                        if inner is not None and inner in ix.free_vars(idx):
+                            hint = scope.expr.traversals[d].name
                 self.placed[scope] = self.place(scope.expr, hint)
             placed = self.placed[scope]
             body = map_accesses(expr.body, lambda a, s=scope, p=placed: p.read(a.indices, s.pad)
@@ -204,7 +232,9 @@ class Instantiator:
         return Placed(var, tensor, tuple(range(n)), tuple(it.lo for it in expr.traversals))
 
     def _emit_eoperator(self, expr: Expr, kind: Optional[str] = None) -> Placed:
-        kind = kind or eoperator_kind(expr)
+        if kind is None:
+            nested = [eoperator_kind(s.expr) for s in _scopes_of(expr)]
+            kind = "_".join(nested + [eoperator_kind(expr)])
         name = self._name(kind)
         var = emit_eoperator(self.bb, expr, self.values, name)
         self.kernels.append(("eOperator", name))

@@ -180,7 +180,8 @@ def fuse(consumer: Expr, tensor: str, producer: Expr, inline: bool = True) -> De
 
     The producer must compute the tensor's shape from origin 0; its scope takes the tensor's
     padding, so reads of the padding still see zeros. Inlining is traversal merging, with its
-    side condition proven.
+    side condition proven; a producer with a summation read under anything but a plain copy
+    (relu(Σ ...)) stays a scope, which instantiation fuses into the consumer's eOperator.
     """
     found = [a for a in accesses(consumer.body)
              if isinstance(a.source, Tensor) and a.source.name == tensor]
@@ -203,7 +204,11 @@ def fuse(consumer: Expr, tensor: str, producer: Expr, inline: bool = True) -> De
         return derivation
     for acc in list(accesses(fused.body)):
         if isinstance(acc.source, Scope) and acc.source.expr == producer:
-            step = check("expression_fusion", inline_scope(derivation.result, acc))
+            try:
+                candidate = inline_scope(derivation.result, acc)
+            except ValueError:  # a sum under a non-linear consumer stays a scope
+                continue
+            step = check("expression_fusion", candidate)
             derivation = Derivation("expression_fusion", step.result,
                                     derivation.side_conditions + step.side_conditions,
                                     f"fuse and inline producer of {tensor}",
