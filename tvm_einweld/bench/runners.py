@@ -7,6 +7,7 @@ one more `Runner` and pass it to the harness, or `register_runner` it for the CL
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -94,6 +95,31 @@ def _prepare_tvm_untuned(model: onnx.ModelProto, trials: int, work_dir: Path) ->
     return vm_runner(tvm.compile(from_onnx(model), host_target()), graph_input_names(model))
 
 
+# MetaSchedule's local builder and runner give each candidate 30 s, counted from the start
+# of a fresh worker process (the builder restarts its pool every batch). On a busy shared
+# machine importing TVM alone can take that long, and every candidate then fails as a
+# timeout; a generous limit keeps the measurement about the kernels.
+MEASURE_TIMEOUT_SECONDS = 300.0
+
+
+@contextlib.contextmanager
+def measurement_timeouts(seconds: float = MEASURE_TIMEOUT_SECONDS):
+    """Within the block, MetaSchedule's default local builder/runner wait `seconds` per
+    candidate. (The tuning pipelines create them with defaults and expose no timeout.)"""
+    from tvm.s_tir.meta_schedule.builder import LocalBuilder
+    from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+    # The classes are wrapped by `derived_object`; `_cls` is the Python class it wraps.
+    build_init, run_init = LocalBuilder._cls.__init__, LocalRunner._cls.__init__
+    saved = dict(build_init.__kwdefaults__), run_init.__defaults__
+    build_init.__kwdefaults__["timeout_sec"] = seconds
+    run_init.__defaults__ = (seconds, *run_init.__defaults__[1:])
+    try:
+        yield
+    finally:
+        build_init.__kwdefaults__, run_init.__defaults__ = saved
+
+
 def count_tuning_tasks(mod, target) -> int:
     """How many MetaSchedule tasks `static_shape_tuning_pipeline` will extract from `mod`
     (the same passes it runs before tuning, then MetaSchedule's own task extraction)."""
@@ -129,10 +155,11 @@ def _prepare_tvm_tuned(model: onnx.ModelProto, trials: int, work_dir: Path) -> R
     mod, params = relax.frontend.detach_params(from_onnx(model, keep_params_in_input=True))
     per_task = -(-trials // count_tuning_tasks(mod, target)) if trials > 0 else None
     work_dir.mkdir(parents=True, exist_ok=True)
-    mod = relax.pipeline.static_shape_tuning_pipeline(
-        total_trials=trials, target=target, work_dir=str(work_dir), cpu_weight_prepack=True,
-        max_trials_per_task=per_task,
-    )(mod)
+    with measurement_timeouts():
+        mod = relax.pipeline.static_shape_tuning_pipeline(
+            total_trials=trials, target=target, work_dir=str(work_dir),
+            cpu_weight_prepack=True, max_trials_per_task=per_task,
+        )(mod)
     executable = tvm.compile(mod, target)
     weights = []
     if "main" in params:

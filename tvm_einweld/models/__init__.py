@@ -35,7 +35,7 @@ class ZooModel:
 
     @property
     def summary(self) -> str:
-        return (self.builder.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        return " ".join((self.builder.__doc__ or "").strip().split("\n\n")[0].split())
 
     def build(self, batch: int = 1) -> onnx.ModelProto:
         return self.builder(batch)
