@@ -7,6 +7,7 @@ from tvm import relax
 from tvm_einweld.tir_passes import TileGraphFusion, prepare, workloads
 from tvm_einweld.tir_passes import fusion as fusion_mod
 from tvm_einweld.tir_passes.localize import allocations
+from tvm_einweld.tir_passes.measure import generated_source
 
 
 def _run(mod, args):
@@ -154,18 +155,11 @@ def test_cuda_build_keeps_intermediate_in_shared_memory():
     fused = fuse(mod)
     assert _multi_node_groups(fuse.report)
     ex = tvm.compile(fused, target=target)
-    sources = [m.inspect_source() for m in _all_modules(ex.mod) if m.kind == "cuda"]
-    assert sources, "no CUDA module was generated"
-    source = "\n".join(sources)
+    source = generated_source(ex, "cuda")
+    assert source, "no CUDA module was generated"
     # The matmul result C lives in shared memory; only x, w and the softmax output are pointers.
     assert "__shared__" in source
     assert "matmul_intermediate_shared" in source
     assert "__syncthreads()" in source
     kernel_sig = [line for line in source.splitlines() if "__global__" in line]
     assert all("matmul_intermediate" not in line for line in kernel_sig)
-
-
-def _all_modules(module):
-    yield module
-    for sub in module.imports:
-        yield from _all_modules(sub)

@@ -93,3 +93,17 @@ def check_group(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target="ll
         err = float(np.max(np.abs(got.astype("int64") - expected))) if got.size else 0.0
         ok = bool(np.array_equal(got, expected))
     return CheckResult(ok, err, "ok" if ok else f"max abs error {err:g}")
+
+
+def generated_source(executable, kind: str = "cuda") -> str:
+    """The source text of every `kind` module an executable of tvm.compile carries."""
+    sources = []
+
+    def walk(module):
+        if module.kind == kind:
+            sources.append(module.inspect_source())
+        for sub in module.imports:
+            walk(sub)
+
+    walk(executable.mod)
+    return "\n".join(sources)
