@@ -169,3 +169,24 @@ def test_machine_measurements_are_positive_and_cached(tmp_path, monkeypatch) -> 
     assert json.loads((tmp_path / "machine.json").read_text())["sgemm_gflops"] == 100.0
     machine_mod.describe_machine(tmp_path, refresh=True)
     assert calls == [3.0, 0.1, 0.1]
+
+
+
+def test_measurement_timeouts_apply_inside_the_block_only() -> None:
+    """The defaults MetaSchedule's `Builder.create("local")` / `Runner.create("local")` use.
+    (Creating them spawns worker processes, seconds each: read the defaults instead.)"""
+    import inspect
+
+    from tvm.s_tir.meta_schedule.builder import LocalBuilder
+    from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+    from tvm_einweld.bench.runners import measurement_timeouts
+
+    def defaults() -> tuple:
+        return tuple(inspect.signature(c._cls.__init__).parameters["timeout_sec"].default
+                     for c in (LocalBuilder, LocalRunner))
+
+    before = defaults()
+    with measurement_timeouts(123.0):
+        assert defaults() == (123.0, 123.0)
+    assert defaults() == before == (30.0, 30)
