@@ -159,7 +159,8 @@ def apply_database(work_dir: str, target: Target) -> tvm.transform.Pass:
     return _apply
 
 
-def _relax_tasks(prepared: tvm.IRModule, target: Target) -> list:
+def relax_tasks(prepared: tvm.IRModule, target: Target) -> list:
+    """(name, IRModule) tuning tasks of a module prepared by ``prepare_relax``."""
     extracted = ms.relax_integration.extract_tasks(prepared, target)
     return [(t.task_name, t.dispatched[0]) for t in extracted]
 
@@ -176,7 +177,7 @@ def tune_relax(
     layout strategies, like ``ms.relax_integration.tune_relax``. Keyword arguments are those of
     ``tune_tir``. Returns the database."""
     target = Target(target) if not isinstance(target, Target) else target
-    tasks = _relax_tasks(prepare_relax(mod, params, target), target)
+    tasks = relax_tasks(prepare_relax(mod, params, target), target)
     return _tune_tasks(tasks, target, work_dir, max_trials_global, **kwargs)
 
 
@@ -195,7 +196,7 @@ def adaptive_layout_tuning_pass(
     @tvm.transform.module_pass(opt_level=0, name="EinweldAdaptiveLayoutTuning")
     def _stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         prepared = prepare_relax(mod, None, target)
-        _tune_tasks(_relax_tasks(prepared, target), target, work_dir, max_trials_global, **kwargs)
+        _tune_tasks(relax_tasks(prepared, target), target, work_dir, max_trials_global, **kwargs)
         return apply_database(work_dir, target)(prepared)
 
     return _stage

@@ -34,9 +34,8 @@ from tvm.s_tir.meta_schedule.runner import RunnerResult
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 from tvm.target import Target
 
-from .build_fn import build_cpu_kernel
 from .features import StrategyFeatureExtractor
-from .measure import FAILED_SECS, build_and_run, median_secs
+from .measure import FAILED_SECS, PooledBuilder, build_and_run, median_secs
 from .selectors import FixedStrategy, RoundOutcome, StrategySelector
 from .strategies import Strategy, args_info, derive_programs, tagged_workload
 
@@ -60,9 +59,10 @@ class TaskTuningResult:
     wall_secs: float
 
 
-def default_builder(max_workers: Optional[int] = None) -> ms.builder.LocalBuilder:
-    """MetaSchedule's LocalBuilder with our CPU build function (see ``build_fn``)."""
-    return ms.builder.LocalBuilder(max_workers=max_workers, f_build=build_cpu_kernel)
+def default_builder(max_workers: Optional[int] = None) -> ms.builder.Builder:
+    """A local builder running ``build_fn.build_cpu_kernel`` in worker processes kept across
+    rounds (see ``measure.PooledBuilder``)."""
+    return PooledBuilder(max_workers=max_workers)
 
 
 def _space_generator(target: Target) -> ms.space_generator.PostOrderApply:
@@ -136,6 +136,7 @@ def tune_task(
     search: Optional[ms.search_strategy.EvolutionarySearch] = None,
     num_warmup_samples: Optional[int] = None,
     early_stopping_rounds: int = 50,
+    cost_model_threads: int = 1,
     task_name: str = "main",
     seed: int = -1,
     on_round: Optional[RoundCallback] = None,
@@ -162,7 +163,10 @@ def tune_task(
         extractor=extractor,
         num_warmup_samples=num_warmup_samples if num_warmup_samples is not None else num_trials_per_iter,
         early_stopping_rounds=early_stopping_rounds,
-        num_tuning_cores=max(1, int(target.attrs.get("num-cores", 0)) or ms.utils.cpu_count(logical=False)),
+        # One XGBoost thread: the data are a few thousand rows at most, and on a busy 2-core
+        # machine two threads made training ~15x slower (thread hand-offs under contention).
+        config=ms.cost_model.xgb_model.XGBConfig(nthread=cost_model_threads),
+        num_tuning_cores=cost_model_threads,
     )
     num_threads = int(target.attrs.get("num-cores", 0)) or "physical"
     ctx = _tune_context(

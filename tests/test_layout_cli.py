@@ -1,0 +1,49 @@
+"""`tune` subcommand: clear errors for bad input, and an end-to-end run (slow)."""
+import argparse
+
+import pytest
+
+from tvm_einweld.cli import UserError
+from tvm_einweld.commands import tune
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    tune.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ((), "either an ONNX model"),
+        (("m.onnx", "--task", "conv2d:1,8,8,8,8,3,1,1"), "either an ONNX model"),
+        (("missing.onnx",), "not found"),
+        (("--task", "conv2d:1,8,8"), "eight integers"),
+        (("--task", "conv3d:1,8,8,8,8,3,1,1"), "only conv2d"),
+        (("--task", "conv2d:1,8,8,8,8,3,0,1"), "positive"),
+        (("--task", "conv2d:1,8,2,2,8,7,1,0"), "kernel larger"),
+        (("--task", "conv2d:1,8,8,8,8,3,1,1", "--trials", "0"), "--trials"),
+        (("--task", "conv2d:1,8,8,8,8,3,1,1", "--strategy", "NL", "--selector", "bandit"), "--selector"),
+    ],
+)
+def test_bad_input_is_a_user_error(argv, message):
+    with pytest.raises(UserError, match=message):
+        tune.run(parse(*argv))
+
+
+def test_not_an_onnx_file(tmp_path):
+    path = tmp_path / "model.txt"
+    path.write_text("x")
+    with pytest.raises(UserError, match=".onnx"):
+        tune.run(parse(str(path)))
+
+
+@pytest.mark.slow
+def test_task_end_to_end(capsys, tmp_path):
+    code = tune.run(parse("--task", "conv2d:1,8,8,8,8,3,1,1", "--trials", "4", "--per-round", "2",
+                          "--work-dir", str(tmp_path)))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "round   1  LR" in out or "round   1  NL" in out
+    assert "final comparison" in out and "| untuned |" in out and "| adaptive |" in out
