@@ -183,7 +183,8 @@ def main(argv=None) -> int:
     print(f"- command: `python benchmarks/derivation_cases.py"
           f"{' --quick' if args.quick else ''}{f' --trials {args.trials}' if args.trials else ''}`")
     print(f"- machine: {machine()}")
-    print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"load average at start {os.getloadavg()[0]:.1f} (other processes share the cores)")
     print(f"- build: {'MetaSchedule, %d trials per side' % args.trials if args.trials else 'tvm.compile default (untuned), both sides'}; "
           f"medians of {rounds} alternating rounds\n")
     tvm_bw, np_bw = copy_bandwidth(rounds)
