@@ -222,7 +222,11 @@ def _vectorize_inner(sch, rv, depth) -> None:
 
 
 def _bind_threads(sch, rv, depth, threads: int) -> None:
-    """CUDA: the spatial loops of a block under the tile loop run on threadIdx.x."""
+    """CUDA: the spatial loops of a block under the tile loop run on threadIdx.x.
+
+    A reduction accumulates in a per-thread register and writes its result once, so the shared
+    tile it produces is not read and written back (with a barrier) at every reduction step.
+    """
     spatial, reduce = _split_loops(sch, rv, depth)
     if not spatial:
         raise Unsupported("a block without spatial loops under the tile loop")
@@ -231,5 +235,7 @@ def _bind_threads(sch, rv, depth, threads: int) -> None:
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     _, thread = sch.split(fused, [None, threads])
     sch.bind(thread, "threadIdx.x")
-    if reduce:  # init outside the reduction loop: no barrier per reduction step
+    if reduce:
+        write_back = sch.cache_write(rv, 0, "local")
+        sch.reverse_compute_at(write_back, thread, preserve_unit_loops=True)
         sch.decompose_reduction(rv, reduce[0])

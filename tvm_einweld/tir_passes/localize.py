@@ -4,7 +4,7 @@ After `codegen.schedule_group` every producer of a fused group is computed at th
 the intermediates are still allocated at full size in global memory at the root of the PrimFunc.
 This pass
 
-1. retags each intermediate buffer (every buffer allocated by the root block) with the scope of
+1. retags each intermediate buffer (every global buffer allocated by the root block) with the scope of
    the connected memory level: `shared` on CUDA, `local` (a stack scratch buffer of the tile, hot
    in the core's cache) on CPU;
 2. moves each allocation to the lowest loop that encloses all its accesses — the tile loop, since
@@ -64,9 +64,13 @@ def buffer_bytes(buffer: tirx.Buffer) -> int:
 
 
 def retag_intermediates(func: tirx.PrimFunc, scope: str) -> tirx.PrimFunc:
-    """Give every root-allocated buffer the storage scope `scope`."""
+    """Give every root-allocated global buffer the storage scope `scope`.
+
+    Buffers the schedule already placed elsewhere (a reduction's register accumulator) keep theirs.
+    """
     sch = s_tir.Schedule(func)
-    root_buffers = {b.name for b in sch.get(sch.get_sblock("root")).alloc_buffers}
+    root_buffers = {b.name for b in sch.get(sch.get_sblock("root")).alloc_buffers
+                    if b.scope() == "global"}
     for info in leaf_blocks(func):
         for index, write in enumerate(info.block.writes):
             if write.source.name in root_buffers:
