@@ -17,7 +17,7 @@ from typing import Mapping, Optional, Sequence
 from tvm import relax, te, tirx
 
 from ..expr.expression import Expr, Tensor, accesses, input_tensors
-from ..expr.lowering import to_te
+from ..expr.lowering import make_placeholders, to_te
 
 VECTOR_WIDTHS = (16, 8, 4)
 MAX_WHOLE_VECTOR = 64
@@ -92,9 +92,7 @@ def _schedule_block(sch, block) -> None:
 def eoperator_func(expr: Expr, name: str, input_names: Sequence[str]) -> tirx.PrimFunc:
     """The scheduled PrimFunc of an eOperator; parameters are the inputs in `input_names` order
     then the output."""
-    tensors = input_tensors(expr)
-    placeholders = {n: te.placeholder(tensors[n].shape, tensors[n].dtype, name=n)
-                    for n in input_names}
+    placeholders = make_placeholders(expr)
     out = to_te(expr, placeholders, name)
     func = te.create_prim_func([placeholders[n] for n in input_names] + [out])
     return default_cpu_schedule(func).with_attr("global_symbol", name)
