@@ -1,0 +1,146 @@
+"""AL-Ansor's experiment on MetaSchedule: NL-only, LR-only, LC-only and adaptive layout tuning
+of ResNet-50 conv blocks (pad + conv2d + bias + ReLU) at the same trial count per task.
+
+    python benchmarks/layout_tuning.py            # full: 512 trials per task (many hours here)
+    python benchmarks/layout_tuning.py --quick    # 9 trials per task, small search
+    python benchmarks/layout_tuning.py --trials 64 --per-round 8 --output benchmarks/x.md
+
+Each variant tunes every task with its own database. The best deployable program of each
+variant (NL: A, LR: L+P with the transform in the kernel, LC / adaptive: P with weights
+transformed at compile time) is then re-measured side by side, alternating between variants,
+and the median is reported. Gains are t_single / t_adaptive - 1 (positive: adaptive faster).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from tvm_einweld.auto_scheduler_ext import comparison
+from tvm_einweld.auto_scheduler_ext.workloads import RESNET50_BLOCKS, Conv2dBlock
+
+QUICK = dict(trials=9, per_round=3, population=64, early_stopping_rounds=10, tasks=4)
+FULL = dict(trials=512, per_round=16, population=512, early_stopping_rounds=50, tasks=4)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="reduced run (see QUICK)")
+    p.add_argument("--trials", type=int, help="trials per task and variant")
+    p.add_argument("--per-round", type=int, help="candidates per round")
+    p.add_argument("--population", type=int, help="evolutionary search population")
+    p.add_argument("--tasks", type=int, help="how many of the ResNet-50 blocks (in table order)")
+    p.add_argument("--bandit", action="store_true", help="also run the adaptive bandit selector")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--work-dir", help="keep the tuning databases here (default: temp dir)")
+    p.add_argument("-o", "--output", help="also write the Markdown report to this file")
+    return p.parse_args(argv)
+
+
+def gain(single, adaptive):
+    return None if single is None or adaptive is None else single / adaptive - 1
+
+
+def pct(x):
+    return "n/a" if x is None else f"{x * 100:+.1f}%"
+
+
+def msec(x):
+    return "n/a" if x is None else f"{x * 1e3:.3f}"
+
+
+def report(rows, labels, settings, command, wall):
+    """rows: (block, [VariantResult]) per task."""
+    singles = [l for l in labels if l in ("NL", "LR", "LC")]
+    lines = [
+        "# Adaptive layout-strategy tuning (AL-Ansor on MetaSchedule): ResNet-50 conv blocks",
+        "",
+        f"- command: `{command}`",
+        f"- machine: {comparison.machine_description()}; load average at the end: "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        f"- trials per task and variant: {settings['trials']} ({settings['per_round']} per round, "
+        f"population {settings['population']}); total wall time {wall / 60:.1f} min",
+        "- times: best deployable program of each variant, re-measured side by side (7 alternating "
+        "rounds, median), in ms; NL = A, LR = L+P (transform in the kernel), LC and adaptive = P "
+        "(weights transformed at compile time)",
+        "",
+        "| task | " + " | ".join(f"{l} ms" for l in labels) + " | ranking | "
+        + " | ".join(f"adaptive vs {s}" for s in singles) + " | adaptive vs best single |",
+        "|---|" + "---|" * (len(labels) + 1 + len(singles) + 1),
+    ]
+    gains = {s: [] for s in singles + ["best"]}
+    for block, results in rows:
+        t = {r.variant.label: r.secs for r in results}
+        ranked = sorted((x for x in labels if t.get(x) is not None), key=lambda x: t[x])
+        best_single = min((t[s] for s in singles if t.get(s) is not None), default=None)
+        g = {s: gain(t.get(s), t.get("adaptive")) for s in singles}
+        g["best"] = gain(best_single, t.get("adaptive"))
+        for k, v in g.items():
+            if v is not None:
+                gains[k].append(v)
+        lines.append(
+            f"| {block.name} | " + " | ".join(msec(t.get(l)) for l in labels)
+            + f" | {' < '.join(ranked)} | " + " | ".join(pct(g[s]) for s in singles) + f" | {pct(g['best'])} |"
+        )
+    lines.append(
+        "| **mean** | " + " | ".join("" for _ in labels) + " | | "
+        + " | ".join(pct(statistics.mean(gains[s]) if gains[s] else None) for s in singles)
+        + f" | {pct(statistics.mean(gains['best']) if gains['best'] else None)} |"
+    )
+    lines += ["", "Tuning wall time per task (s) and measurements (programs built and run):", "",
+              "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for block, results in rows:
+        lines.append(f"| {block.name} | " + " | ".join(
+            f"{r.tuning.wall_secs:.0f} s / {r.tuning.measurements}" for r in results) + " |")
+    lines += ["", "Strategy of each round of the adaptive runs:", ""]
+    for block, results in rows:
+        for r in results:
+            if r.variant.layout_strategy == "adaptive":
+                seq = " ".join(o.strategy.value for o in r.tuning.rounds)
+                lines.append(f"- {block.name} [{r.variant.label}]: {seq}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    settings = dict(QUICK if args.quick else FULL)
+    for key in ("trials", "per_round", "population", "tasks"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("tvm_einweld.auto_scheduler_ext").setLevel(logging.INFO)
+    logging.getLogger("tvm_einweld.auto_scheduler_ext.search").setLevel(logging.WARNING)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": ms.utils.cpu_count(logical=False)})
+    variants = comparison.WITH_BANDIT if args.bandit else comparison.SINGLE_AND_ADAPTIVE
+    labels = [v.label for v in variants]
+    search = ms.search_strategy.EvolutionarySearch(population_size=settings["population"])
+    work_root = args.work_dir or tempfile.mkdtemp(prefix="einweld-layout-bench-")
+    blocks: list[Conv2dBlock] = list(RESNET50_BLOCKS[: settings["tasks"]])
+    start = time.time()
+    rows = []
+    for block in blocks:
+        results = comparison.compare_task(
+            block.module(), target, work_root, settings["trials"], variants, task_name=block.name,
+            num_trials_per_iter=settings["per_round"], search=search, seed=args.seed,
+            early_stopping_rounds=settings["early_stopping_rounds"],
+        )
+        rows.append((block, results))
+        print(f"{block.name}: " + ", ".join(f"{r.variant.label} {msec(r.secs)} ms" for r in results), flush=True)
+    command = "python benchmarks/layout_tuning.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = report(rows, labels, settings, command.strip(), time.time() - start)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
