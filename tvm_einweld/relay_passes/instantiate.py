@@ -72,6 +72,17 @@ def _scopes_of(expr: Expr) -> List[Scope]:
     return out
 
 
+def _leading(expr: Expr, group: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The output's leading traversal iterators that belong to `group`, when the group keeps
+    at least one iterator without them (a matmul needs a non-empty row or column group)."""
+    lead = []
+    for it in expr.traversals:
+        if it.name not in group:
+            break
+        lead.append(it.name)
+    return tuple(lead) if len(lead) < len(group) else ()
+
+
 def _layout_rank(m: Match, inner_hint: Optional[str]) -> int:
     """Prefer matches whose output's innermost dimension is the consumer's innermost read
     (`inner_hint`), then ones where it is at least in the output's last group; the sort is
@@ -283,17 +294,30 @@ class Instantiator:
 
     # -- operators ------------------------------------------------------------------------
     def _emit_matmul(self, expr: Expr, m: Match) -> Optional[Placed]:
+        """Batch matmul over flattened groups. Leading output iterators that only one operand
+        reads (n of an NCHW image in the m group) become broadcast batch dimensions, so the
+        result is stored outermost in them, as the consumer reads it, not inside m."""
         its = {it.name: it for it in expr.iterators}
         b, mm, nn, kk = (m.group(g) for g in ("b", "m", "n", "k"))
         ext = _extent_of(its)
-        x = self.operand(m.x, [its[n] for n in b + mm + kk])
-        y = self.operand(m.y, [its[n] for n in b + kk + nn])
-        lead = [ext(b)] if b else []
-        x = self._reshape(x, lead + [ext(mm), ext(kk)])
-        y = self._reshape(y, lead + [ext(kk), ext(nn)])
+        lead_m, mm = _leading(expr, mm), mm
+        lead_n = _leading(expr, nn) if not lead_m else ()
+        mm = tuple(n for n in mm if n not in lead_m)
+        nn = tuple(n for n in nn if n not in lead_n)
+        lead = lead_m + lead_n
+        x = self.operand(m.x, [its[n] for n in b + lead_m + mm + kk])
+        y = self.operand(m.y, [its[n] for n in b + lead_n + kk + nn])
+        batch = [ext(b)] if b else []
+        if lead:  # the operand without the leading iterators broadcasts along them
+            x_lead, y_lead = [ext(lead_m) if lead_m else 1], [ext(lead_n) if lead_n else 1]
+        else:
+            x_lead = y_lead = []
+        x = self._reshape(x, batch + x_lead + [ext(mm), ext(kk)])
+        y = self._reshape(y, batch + y_lead + [ext(kk), ext(nn)])
         out = self.bb.emit(relax.op.matmul(x, y))
-        self.kernels.append(("matmul", f"{lead + [ext(mm), ext(kk)]} x {[ext(kk), ext(nn)]}"))
-        return self._finish(expr, out, b + mm + nn, "Matmul")
+        self.kernels.append(("matmul", f"{batch + x_lead + [ext(mm), ext(kk)]} x "
+                                       f"{batch + y_lead + [ext(kk), ext(nn)]}"))
+        return self._finish(expr, out, b + lead + mm + nn, "Matmul")
 
     def _emit_conv2d(self, expr: Expr, m: Match) -> Optional[Placed]:
         its = {it.name: it for it in expr.iterators}
