@@ -1,0 +1,16 @@
+"""Side-by-side benchmarking of ONNX models: runners, timing, roofline and reports.
+
+- `runners`: how a model is executed (stock TVM untuned / tuned, onnxruntime, PyTorch);
+  add one with `register_runner(Runner(name, prepare, description))`.
+- `check`: agreement of a runner's outputs with the onnxruntime reference.
+- `timing`: alternating, warmed-up, median timing of several runners.
+- `machine`, `roofline`: the measured GEMM / copy peaks and each model's distance from them.
+- `harness`: one model through all runners; `suite`: the zoo presets; `report`: Markdown,
+  JSON and a PNG chart.
+"""
+from .harness import ModelResult, RunnerResult, TimingPlan, benchmark_model
+from .runners import RUNNERS, Runner, register_runner
+from .suite import FULL, QUICK, BenchConfig, run_suite
+
+__all__ = ["ModelResult", "RunnerResult", "TimingPlan", "benchmark_model", "RUNNERS", "Runner",
+           "register_runner", "FULL", "QUICK", "BenchConfig", "run_suite"]
