@@ -70,3 +70,17 @@ def test_grouped_conv_matches_with_groups_attribute():
     assert m.attr("groups") == 4 and m.attr("channel_dim") == 1
     assert expression_distance(canonical.conv2d(Tensor("X", (1, 8, 6, 6)),
                                                 Tensor("K", (12, 8, 3, 3))), "conv2d") == 0
+
+
+def test_gbmm_and_conv_transpose_attributes():
+    from tvm_einweld.relay_passes.mapping_table import match_conv2d_transpose, match_gbmm
+
+    g = canonical.gbmm(Tensor("G", (2, 9, 7)), Tensor("H", (2, 9, 4)), 3, 2)
+    m = next(match_gbmm(g))
+    assert m.attr("dilation") == 2 and m.group("j") == ("j",) and m.group("k") == ("k",)
+    t = canonical.conv2d_transpose(Tensor("X", (1, 3, 4, 5)), Tensor("W", (3, 2, 4, 3)),
+                                   strides=(2, 3), padding=(1, 0, 1, 0))
+    m = next(match_conv2d_transpose(t))
+    assert m.attr("strides") == (2, 3) and m.attr("padding") == (1, 0)
+    assert not list(match_conv2d_transpose(canonical.conv2d(Tensor("X", (1, 3, 6, 6)),
+                                                            Tensor("K", (2, 3, 3, 3)))))

@@ -10,6 +10,9 @@ and reads the operator's attributes off the coefficients of the index functions 
 the tensors' row-major strides (`index.linear_form`): transposes and leading dimensions of a
 matmul, strides, dilations and padding of a convolution, the dilation of a G2BMM.
 
+Attributes are derived for matmul, conv2d (with groups), conv2d_transpose, G2BMM and GBMM;
+instantiation (`instantiate.py`) emits Relax ops for the first three it needs.
+
 `expression_distance(expr, op)` counts the iterators that do not fit the operator's groups (the
 paper's "expression distance", minimised by the search; 0 when the expression has exactly the
 canonical iterators; several iterators of one group can still instantiate by flattening).
@@ -310,7 +313,55 @@ def match_g2bmm(expr: Expr) -> PyIterator[Match]:
         yield Match("g2bmm", x, y, groups, (("dilation", dil),))
 
 
-MATCHERS = {"matmul": match_matmul, "conv2d": match_conv2d, "g2bmm": match_g2bmm}
+def match_gbmm(expr: Expr) -> PyIterator[Match]:
+    """GBMM: C[b, i, k] = Σ_j A[b, i, j + w] · B[b, i + d·j, k]; j is the summed band."""
+    row = TABLE["gbmm"]
+    for a, y in _mappings(expr):
+        groups = _grouped(expr, signatures(expr, a, y), row)
+        if groups is None or any(len(groups[g]) != 1 for g in ("i", "j")) or not groups["k"]:
+            continue
+        (i,), (j,) = groups["i"], groups["j"]
+        for idx in y.indices:
+            form = ix.linear_form(idx)
+            if form is not None and set(form[0]) == {i, j} and form[0][j] % form[0][i] == 0:
+                yield Match("gbmm", a, y, tuple(groups.items()),
+                            (("dilation", form[0][j] // form[0][i]),))
+                break
+
+
+def match_conv2d_transpose(expr: Expr) -> PyIterator[Match]:
+    """Transposed convolution in the canonical form (y + p) // s − k and (y + p) % s + s·k:
+    stride s and padding p read off the paired floor division and modulo."""
+    row = TABLE["conv2d_transpose"]
+    for x, w in _mappings(expr):
+        groups = _grouped(expr, signatures(expr, x, w), row)
+        if groups is None or len(groups["hw"]) != 2 or len(groups["rs"]) != 2:
+            continue
+        strides, pads = [], []
+        for t in groups["hw"]:
+            divs = [e for idx in x.indices for e in _floor_terms(idx, "//")
+                    if t in ix.free_vars(e.lhs)]
+            if len(divs) != 1:
+                break
+            form = ix.linear_form(divs[0].lhs)
+            if form is None or form[0] != {t: 1}:
+                break
+            strides.append(divs[0].rhs.value)
+            pads.append(form[1])
+        else:
+            yield Match("conv2d_transpose", x, w, tuple(groups.items()),
+                        (("strides", tuple(strides)), ("padding", tuple(pads))))
+
+
+def _floor_terms(e: ix.IndexExpr, op: str) -> List[ix.IBin]:
+    if not isinstance(e, ix.IBin):
+        return []
+    own = [e] if e.op == op else []
+    return own + _floor_terms(e.lhs, op) + _floor_terms(e.rhs, op)
+
+
+MATCHERS = {"matmul": match_matmul, "conv2d": match_conv2d, "g2bmm": match_g2bmm,
+            "gbmm": match_gbmm, "conv2d_transpose": match_conv2d_transpose}
 
 
 def match(expr: Expr, ops=("conv2d", "g2bmm", "matmul")) -> Optional[Match]:
