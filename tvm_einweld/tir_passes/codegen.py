@@ -12,8 +12,6 @@ A pattern the schedule primitives reject raises `Unsupported`; the caller leaves
 """
 from __future__ import annotations
 
-from typing import Mapping
-
 import tvm
 from tvm import relax, s_tir, tirx
 
@@ -65,8 +63,12 @@ def _writes_output(block, out_buffer) -> bool:
 
 
 def schedule_group(func: tirx.PrimFunc, tile, device: Device,
-                   planned_bytes: Mapping[str, int] | None = None) -> tirx.PrimFunc:
-    """Tile `func`'s output by `tile`, compute producers at the tile loop, map to the device."""
+                   planned_bytes: int | None = None) -> tirx.PrimFunc:
+    """Tile `func`'s output by `tile`, compute producers at the tile loop, map to the device.
+
+    `planned_bytes`: the model's bytes of all intermediate tiles of one tile; the generated
+    kernel may not need more (see localize.py).
+    """
     sch = s_tir.Schedule(func)
     out_buffer = func.params[-1]
     rvs = _leaf_block_rvs(sch)

@@ -96,6 +96,17 @@ def _propagate(graph, sub, tile, rstep):
     return tiles, tuple(internal)
 
 
+def intermediate_bytes(graph: TileGraph, sub: SubGraph, plan: TilePlan) -> int:
+    """Bytes of the tiles that never leave the fast level: intermediates and node internals."""
+    total = 0
+    for tensor in sub.intermediates:
+        meta = graph.tensors[tensor]
+        total += int(np.prod(plan.tiles[tensor], dtype=np.int64)) * np.dtype(meta.dtype).itemsize
+    for _, _, extents, dtype in plan.internal:
+        total += int(np.prod(extents, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return total
+
+
 def transfer_bytes(extents, shape, itemsize: int, transaction: int) -> int:
     """Bytes moved for one tile region, in whole transactions of contiguous runs."""
     run = 1

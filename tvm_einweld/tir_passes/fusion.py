@@ -23,7 +23,7 @@ import tvm
 from tvm import ir, relax, tirx
 
 from .codegen import Unsupported, group_prim_func, schedule_group
-from .cost import TileConfig
+from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, cpu_device, device_for_target
 from .localize import LocalizeError
 from .measure import check_group, time_kernel
@@ -73,7 +73,9 @@ class KernelFactory:
         key = (sub.names, config.tile)
         if key not in self._kernels:
             try:
-                func = schedule_group(self.merged(sub), config.tile, self.device)
+                planned = intermediate_bytes(self.graph, sub,
+                                             propagate_subgraph(self.graph, sub, config))
+                func = schedule_group(self.merged(sub), config.tile, self.device, planned)
                 func = func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
             except (Unsupported, LocalizeError) as err:
                 logger.info("group %s tile %s not generated: %s", sorted(sub.names),

@@ -11,8 +11,8 @@ This pass
    producers and consumers of an intermediate were both placed under it — and shrinks it to the
    region one tile touches (TVM's `PlanAndUpdateBufferAllocationLocation` and
    `CompactBufferAllocation` do the region arithmetic);
-3. checks the result against the plan: no intermediate may remain at the root, and each one may
-   not exceed the bytes the tile-graph model planned for it.
+3. checks the result against the plan: no intermediate may remain at the root, and together they
+   may not exceed the bytes the tile-graph model planned for the intermediate tiles of one tile.
 
 It is correct because every access of an intermediate happens inside one iteration of the tile
 loop (the tile loop's iterations write disjoint output tiles and recompute whatever halo they
@@ -20,8 +20,6 @@ need), so a buffer private to one iteration holding exactly the touched region i
 the global one; the retagging changes where the buffer lives, never which values it holds.
 """
 from __future__ import annotations
-
-from typing import Mapping
 
 import tvm
 from tvm import s_tir, tirx
@@ -78,8 +76,8 @@ def retag_intermediates(func: tirx.PrimFunc, scope: str) -> tirx.PrimFunc:
     return sch.mod["main"]
 
 
-def localize(func: tirx.PrimFunc, scope: str,
-             planned_bytes: Mapping[str, int] | None = None) -> tirx.PrimFunc:
+def localize(func: tirx.PrimFunc, scope: str, planned_bytes: int | None = None
+             ) -> tirx.PrimFunc:
     """Apply the rewrite described in the module docstring to one PrimFunc."""
     original = [b.name for _, b, depth in allocations(func) if depth == 0]
     func = retag_intermediates(func, scope)
@@ -95,21 +93,21 @@ def localize(func: tirx.PrimFunc, scope: str,
     ])(mod)
     func = mod["main"]
     placed = {b.name: (b, depth) for _, b, depth in allocations(func)}
+    total = 0
     for new_name, name in renamed.items():
         buffer, depth = placed.get(new_name, (None, 0))
         if buffer is None:
             continue  # removed as dead by the stock passes
         if depth == 0:
             raise LocalizeError(f"intermediate {name} is still allocated outside the tile loop")
-        if planned_bytes and name in planned_bytes and buffer_bytes(buffer) > planned_bytes[name]:
-            raise LocalizeError(
-                f"intermediate {name} needs {buffer_bytes(buffer)} bytes per tile, "
-                f"the plan allowed {planned_bytes[name]}"
-            )
+        total += buffer_bytes(buffer)
+    if planned_bytes is not None and total > planned_bytes:
+        raise LocalizeError(f"the intermediates need {total} bytes per tile, the plan allowed "
+                            f"{planned_bytes}")
     return func
 
 
-def LocalizeIntermediates(scope: str, planned_bytes: Mapping[str, int] | None = None):
+def LocalizeIntermediates(scope: str, planned_bytes: int | None = None):
     """A `tvm.tirx` PrimFunc pass: intermediates of fused tile kernels become tile buffers.
 
     See the module docstring for what is rewritten and why it is correct. Functions without
