@@ -230,3 +230,29 @@ def test_every_rule_instance_on_every_operator_preserves_the_value(name):
         seen += len(nxt)
         frontier = nxt[:12]
     assert seen >= 3, f"{name}: only {seen} derivations"
+
+
+def test_every_rule_instance_on_the_case_intermediates_preserves_the_value():
+    """One more level of every rule from each step of the paper's derivations (nested scopes,
+    padded scopes, relaxed sums, split iterators): every proven instance is equal."""
+    from tvm_einweld.relay_passes import cases
+
+    derived = [
+        cases.conv3x3_to_matmul(Tensor("A", (1, 3, 5, 6)), Tensor("K", (4, 3, 3, 3))),
+        cases.conv_transpose_to_matmul(Tensor("A", (1, 2, 3, 2)), Tensor("W", (2, 3, 4, 4))),
+        cases.conv5x5_to_conv3x3(Tensor("A", (1, 2, 6, 5)), Tensor("K", (2, 2, 5, 5))),
+        cases.dilated_g2bmm(Tensor("A", (1, 7, 3)), Tensor("B", (1, 7, 3)), 2, 2),
+    ]
+    rules = [SummationSplitting(), VariableSubstitution(), SummationIteratorSplitting(),
+             TraversalMerging(), BoundaryTightening(), BoundaryRelaxing(), ExpressionSplitting()]
+    for case in derived:
+        inputs = random_inputs(case.original[0], seed=11)
+        want = evaluate(case.original[0], inputs)
+        count = 0
+        for step in case.steps:
+            for rule in rules:
+                for d in rule.apply(step.result):
+                    np.testing.assert_allclose(evaluate(d.result, inputs), want, atol=1e-9,
+                                               err_msg=f"{case.name}: {d}")
+                    count += 1
+        assert count > 10 * len(case.steps), case.name
