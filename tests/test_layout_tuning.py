@@ -163,3 +163,31 @@ def test_tuned_record_applies_in_relax_and_matches_untuned(tmp_path):
     expect = untuned["main"](x).numpy()
     np.testing.assert_allclose(tuned["main"](x).numpy(), expect, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(expect, BLOCK.reference(**inputs), rtol=1e-4, atol=1e-4)
+
+
+def test_wrong_programs_never_become_the_best(tmp_path, monkeypatch):
+    """Plant a fault: every derived P computes relu(conv - bias) instead of relu(conv + bias)."""
+    from tvm import te, topi
+    from tvm.s_tir import Schedule
+
+    from tvm_einweld.auto_scheduler_ext import task_loop
+    from tvm_einweld.auto_scheduler_ext.strategies import LayoutPrograms, derive_programs
+
+    sh = BLOCK.shapes()
+    data, weight = te.placeholder(sh["data"], name="data"), te.placeholder(sh["weight"], name="weight")
+    bias = te.placeholder(sh["bias"], name="bias")
+    padded = topi.nn.pad(data, [0, 0, 1, 1], [0, 0, 1, 1])
+    wrong = topi.nn.relu(topi.subtract(topi.nn.conv2d_nchw(padded, weight, 1, 0, 1), bias))
+    wrong_mod = tvm.IRModule({"main": te.create_prim_func([data, weight, bias, wrong])})
+
+    def faulty(candidate):
+        good = derive_programs(candidate)
+        return LayoutPrograms(good.no_layout, good.run_time, Schedule(wrong_mod), good.rewritten)
+
+    monkeypatch.setattr(task_loop, "derive_programs", faulty)
+    done = []
+    db = tune_tir(BLOCK.module(), TARGET, str(tmp_path), max_trials_global=2, num_trials_per_iter=2,
+                  layout_strategy="LC", on_task=done.append, **FAST)
+    assert done[0].best_secs is None and done[0].rounds[0].failures == 0
+    assert db.get_top_k(db.commit_workload(BLOCK.module()), 1) == []  # nothing deployable
+    assert len(records(db, tagged_workload(BLOCK.module(), "rejected"))) == 2

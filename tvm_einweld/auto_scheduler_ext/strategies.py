@@ -100,11 +100,11 @@ def strategy_of(sch: s_tir.Schedule) -> Strategy:
     return Strategy.NL
 
 
-def tagged_workload(mod: tvm.IRModule, strategy: Strategy) -> tvm.IRModule:
-    """The task module tagged with a strategy: a distinct database workload (its hash differs),
-    so records of the programs that are not deployed never shadow the deployed ones."""
+def tagged_workload(mod: tvm.IRModule, tag: "Strategy | str") -> tvm.IRModule:
+    """The task module tagged with a strategy (or "rejected"): a distinct database workload (its
+    hash differs), so records of programs that are not deployed never shadow deployed ones."""
     gv = mod.get_global_var("main")
-    func = mod["main"].with_attr(STRATEGY_ATTR, strategy.value)
+    func = mod["main"].with_attr(STRATEGY_ATTR, tag.value if isinstance(tag, Strategy) else tag)
     return tvm.IRModule({gv: func})
 
 

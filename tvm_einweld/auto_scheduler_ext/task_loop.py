@@ -34,6 +34,7 @@ from tvm.s_tir.meta_schedule.runner import RunnerResult
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 from tvm.target import Target
 
+from .check import ProgramChecker
 from .features import StrategyFeatureExtractor
 from .measure import FAILED_SECS, PooledBuilder, build_and_run, median_secs
 from .selectors import FixedStrategy, RoundOutcome, StrategySelector
@@ -180,11 +181,16 @@ def tune_task(
     )
     workload = database.commit_workload(ctx.mod)
     tagged = {s: tagged_workload(ctx.mod, s) for s in Strategy}
+    rejected_mod = tagged_workload(ctx.mod, "rejected")
+    checker = ProgramChecker(ctx.mod, target)
+    if "layout_free_buffers" not in ctx.mod["main"].attrs:
+        logger.warning("[%s] no layout_free_buffers attribute: nothing to rewrite, so NL, LR and "
+                       "LC programs coincide", task_name)
 
     # Resume: what an earlier (possibly interrupted) run left in the database.
     deployed_records = _records_of(database, ctx.mod)
     training_records = [r for s in Strategy for r in _records_of(database, tagged[s])]
-    done = len(deployed_records)
+    done = len(deployed_records) + len(_records_of(database, rejected_mod))
     best_secs, best_trace = None, None
     for r in deployed_records:
         secs = median_secs(RunnerResult(r.run_secs, None))
@@ -224,23 +230,32 @@ def tune_task(
         programs = [d.for_strategy(kind) for kind in kinds for d in derived]
         measured = build_and_run(programs, target, builder, runner)
         measurements += len(programs)
-        results = {}
-        for k, kind in enumerate(kinds):
-            results[kind] = measured[k * len(derived) : (k + 1) * len(derived)]
-            wl = workload if kind is deployed else database.commit_workload(tagged[kind])
-            for d, res in zip(derived, results[kind]):
-                _commit(database, wl, d.for_strategy(kind), res, target)
+        results = {kind: measured[k * len(derived) : (k + 1) * len(derived)] for k, kind in enumerate(kinds)}
         train = [d.for_strategy(strategy) for d in derived]
         model.update(ctx, [MeasureCandidate(s, args_info(s)) for s in train], results[strategy])
         ctx.search_strategy.notify_runner_results(candidates, results[strategy])
 
-        round_best = None
-        for d, res in zip(derived, results[deployed]):
-            secs = median_secs(res)
-            if secs is not None and (round_best is None or secs < round_best):
-                round_best = secs
-            if secs is not None and (best_secs is None or secs < best_secs):
-                best_secs, best_trace = secs, d.for_strategy(deployed).trace
+        # A program becomes the best only after it computes what the task computes.
+        deployable = [(median_secs(r), d.for_strategy(deployed)) for d, r in zip(derived, results[deployed])]
+        rejected = set()
+        for i in sorted(range(len(deployable)), key=lambda i: deployable[i][0] or FAILED_SECS):
+            secs, sch = deployable[i]
+            if secs is None or (best_secs is not None and secs >= best_secs):
+                break
+            verdict = checker.check(sch)
+            if verdict.equal:
+                best_secs, best_trace = secs, sch.trace
+                break
+            rejected.add(i)
+            logger.error("[%s] rejected a tuned program: %s", task_name, verdict)
+        for kind in kinds:
+            wl = workload if kind is deployed else database.commit_workload(tagged[kind])
+            for i, (d, res) in enumerate(zip(derived, results[kind])):
+                target_wl = database.commit_workload(rejected_mod) if (kind is deployed and i in rejected) else wl
+                _commit(database, target_wl, d.for_strategy(kind), res, target)
+        round_best = min(
+            (s for i, (s, _) in enumerate(deployable) if s is not None and i not in rejected), default=None
+        )
         failures = sum(median_secs(r) is None for kind in kinds for r in results[kind])
         trials += len(candidates)
         outcome = RoundOutcome(round_index, strategy, len(candidates), round_best, best_secs, failures)
