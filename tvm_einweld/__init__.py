@@ -2,7 +2,14 @@
 
 Derivation-based graph transformations (EinNet), tile-graph memory scheduling (Welder),
 adaptive layout-strategy tuning (AL-Ansor) and TASO-style verification of every rewrite.
-Sub-packages import TVM lazily where they can, so `import tvm_einweld` stays cheap.
+Importing the package registers the "einweld" Relax pipeline; sub-packages load lazily.
 """
 
 __version__ = "0.1.0"
+
+# Importing the package registers the "einweld" Relax pipeline, so that
+# `tvm.compile(mod, target, relax_pipeline="einweld")` works after `import tvm_einweld`.
+from .einweld_pipeline import EinweldOptimize, pipeline  # noqa: E402
+from .einweld_pipeline import register as _register_pipeline  # noqa: E402
+
+_register_pipeline()

@@ -6,6 +6,9 @@ shifted by lo; a summation iterator is a `te.reduce_axis` over [lo, hi). Reads t
 into zero padding are guarded by `if_then_else`, which TIR evaluates lazily, so the guarded
 load never executes out of bounds. `//` and `%` lower to floordiv/floormod, the semantics the
 interpreter and z3 use as well.
+
+Shapes, axes and index arithmetic are int64, as in the PrimFuncs `LegalizeOps` produces: FuseTIR
+refuses to fuse kernels whose buffers disagree on the index type.
 """
 from __future__ import annotations
 
@@ -17,6 +20,13 @@ from tvm import te, tirx
 from . import index as ix
 from .expression import Access, BinaryOp, Constant, Expr, Scalar, Scope, UnaryOp, input_tensors
 from .index import IndexExpr
+
+
+INDEX_DTYPE = "int64"
+
+
+def _i64(value: int) -> tirx.PrimExpr:
+    return tirx.const(int(value), INDEX_DTYPE)
 
 
 def lower_index(e: IndexExpr, env: Mapping[str, tirx.PrimExpr], dtype: str = "int32") -> tirx.PrimExpr:
@@ -58,13 +68,14 @@ class _Lowerer:
         ranges = e.ranges
 
         def compute(*axes):
-            env = {it.name: ax + it.lo for it, ax in zip(e.traversals, axes)}
-            raxes = [te.reduce_axis((it.lo, it.hi), name=it.name) for it in e.sums]
+            env = {it.name: ax + _i64(it.lo) for it, ax in zip(e.traversals, axes)}
+            raxes = [te.reduce_axis(tvm.ir.Range(_i64(it.lo), _i64(it.hi)), name=it.name)
+                     for it in e.sums]
             env.update({it.name: rax for it, rax in zip(e.sums, raxes)})
             value = self.scalar(e.body, env, ranges, e.dtype)
             return te.sum(value, axis=raxes) if raxes else value
 
-        return te.compute(e.shape, compute, name=name)
+        return te.compute([_i64(n) for n in e.shape], compute, name=name)
 
     def scalar(self, s: Scalar, env, ranges, dtype) -> tirx.PrimExpr:
         if isinstance(s, Access):
@@ -91,7 +102,7 @@ class _Lowerer:
         positions, conditions = [], []
         for d, idx in enumerate(a.indices):
             origin, extent = a.source.origin[d], a.source.shape[d]
-            pos = lower_index(ix.sub(idx, origin), env)
+            pos = lower_index(ix.sub(idx, origin), env, INDEX_DTYPE)
             lo, hi = ix.bounds(ix.sub(idx, origin), ranges)
             if lo < 0:
                 conditions.append(pos >= 0)
@@ -115,7 +126,7 @@ def to_te(expr: Expr, placeholders: Mapping[str, te.Tensor], name: str = "expr")
 def make_placeholders(expr: Expr) -> Dict[str, te.Tensor]:
     """One placeholder per input tensor, in sorted name order."""
     return {
-        name: te.placeholder(t.shape, t.dtype, name=name)
+        name: te.placeholder([_i64(n) for n in t.shape], t.dtype, name=name)
         for name, t in sorted(input_tensors(expr).items())
     }
 

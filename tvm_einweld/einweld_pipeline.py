@@ -1,0 +1,115 @@
+"""The whole tvm_einweld flow as one Relax pipeline, registered as "einweld".
+
+    import tvm_einweld                      # registers the pipeline
+    ex = tvm.compile(mod, "llvm", relax_pipeline="einweld")
+    # or, with options:
+    ex = tvm.compile(mod, target, relax_pipeline=tvm_einweld.pipeline(target, trials=64,
+                                                                     work_dir="tune"))
+
+Stages, in order:
+  1. DerivationTransform (EinNet): verified rewrites of operators into cheaper programs;
+  2. stock legalisation and fusion (LegalizeOps, FuseOps, FuseTIR: `tir_passes.prepare`);
+  3. TileGraphFusion (Welder): fused groups with intermediates in per-tile buffers, each
+     checked against the unfused kernels before it replaces them;
+  4. adaptive-layout tuning (AL-Ansor) of the remaining kernels when `trials > 0`, applied
+     with the compile-time weight layout transform;
+  5. TVM's default Relax lowering (`relax.pipeline.default_build_pipeline`).
+Every stage leaves what it cannot prove or check unchanged, so the pipeline computes what the
+input module computes. `EinweldOptimize` is stages 1–4 alone, for `tvm.transform.Sequential`.
+"""
+from __future__ import annotations
+
+import tempfile
+from typing import Any, Dict, Optional, Union
+
+import tvm
+from tvm import relax
+
+TargetLike = Union[str, dict, tvm.target.Target, None]
+
+
+def _resolve_target(target: TargetLike) -> tvm.target.Target:
+    if target is None:
+        current = tvm.target.Target.current(allow_none=True)
+        if current is None:
+            raise ValueError("no target given and none is current (use `with target:`)")
+        return current
+    return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+
+
+@tvm.transform.module_pass(opt_level=0, name="EinweldOptimize")
+class EinweldOptimize:
+    """Stages 1–4 of the module docstring. After a run, `derivation` and `fusion` hold the
+    stage objects (with their reports) and `tuned` says whether tuning ran.
+
+    Parameters: `target` (default: the current target), `trials` (MetaSchedule trials for
+    adaptive-layout tuning; 0 = no tuning), `work_dir` (tuning database; a temporary folder
+    when not given), `derive` / `fuse` (turn stages off), `layout_strategy` ("adaptive",
+    "NL", "LR", "LC"), and option dicts passed to DerivationTransform / TileGraphFusion /
+    the tuner.
+    """
+
+    def __init__(self, target: TargetLike = None, trials: int = 0, work_dir: Optional[str] = None,
+                 derive: bool = True, fuse: bool = True, layout_strategy: str = "adaptive",
+                 derive_options: Optional[Dict[str, Any]] = None,
+                 fuse_options: Optional[Dict[str, Any]] = None,
+                 tune_options: Optional[Dict[str, Any]] = None) -> None:
+        self.target = target
+        self.trials = int(trials)
+        self.work_dir = work_dir
+        self.derive = derive
+        self.fuse = fuse
+        self.layout_strategy = layout_strategy
+        self.derive_options = dict(derive_options or {})
+        self.fuse_options = dict(fuse_options or {})
+        self.tune_options = dict(tune_options or {})
+        self.derivation = None
+        self.fusion = None
+        self.tuned = False
+
+    def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+        from .relay_passes.derivation_transform import DerivationTransform
+        from .tir_passes import TileGraphFusion, prepare
+
+        target = _resolve_target(self.target)
+        with target:
+            if self.derive:
+                options = {"target": str(target.kind.name), **self.derive_options}
+                self.derivation = DerivationTransform(**options)
+                mod = self.derivation(mod)
+            mod = tvm.transform.Sequential([
+                relax.transform.DecomposeOpsForInference(),
+                relax.transform.CanonicalizeBindings(),
+                prepare(),
+            ])(mod)
+            if self.fuse:
+                self.fusion = TileGraphFusion(target, **self.fuse_options)
+                mod = self.fusion(mod)
+            if self.trials > 0:
+                mod = self._tune(mod, target)
+        return mod
+
+    def _tune(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+        from .auto_scheduler_ext.entry_points import adaptive_layout_tuning_pass
+
+        work_dir = self.work_dir or tempfile.mkdtemp(prefix="einweld_tune_")
+        stage = adaptive_layout_tuning_pass(target, work_dir, self.trials,
+                                            layout_strategy=self.layout_strategy,
+                                            **self.tune_options)
+        self.tuned = True
+        return stage(mod)
+
+
+def pipeline(target: TargetLike = None, **options: Any) -> tvm.transform.Pass:
+    """The "einweld" Relax pipeline: `EinweldOptimize(target, **options)` then TVM's default
+    Relax lowering, ready for `tvm.compile(mod, target, relax_pipeline=...)`."""
+    return tvm.transform.Sequential(
+        [EinweldOptimize(target, **options), relax.pipeline.default_build_pipeline()],
+        name="einweld",
+    )
+
+
+def register() -> None:
+    """Register `pipeline` as "einweld" (idempotent)."""
+    if "einweld" not in relax.pipeline.PIPELINE_MAP:
+        relax.pipeline.register_pipeline("einweld")(pipeline)
