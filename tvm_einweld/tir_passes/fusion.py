@@ -69,12 +69,18 @@ class KernelFactory:
             self._merged[sub.names] = group_prim_func(self.graph, sub)
         return self._merged[sub.names]
 
+    def _planned_bytes(self, sub: SubGraph, config: TileConfig) -> int:
+        """What the kernel's tile buffers may use: the plan's tiles on CPU; on CUDA, whose
+        thread loops are padded to the block size (so buffers round up), shared memory."""
+        if self.device.kind == "cuda":
+            return self.device.level(self.device.fuse_level).capacity
+        return intermediate_bytes(self.graph, sub, propagate_subgraph(self.graph, sub, config))
+
     def kernel(self, sub: SubGraph, config: TileConfig) -> tirx.PrimFunc | None:
         key = (sub.names, config.tile)
         if key not in self._kernels:
             try:
-                planned = intermediate_bytes(self.graph, sub,
-                                             propagate_subgraph(self.graph, sub, config))
+                planned = self._planned_bytes(sub, config)
                 func = schedule_group(self.merged(sub), config.tile, self.device, planned)
                 func = func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
             except (Unsupported, LocalizeError) as err:

@@ -79,10 +79,14 @@ def retag_intermediates(func: tirx.PrimFunc, scope: str) -> tirx.PrimFunc:
 def localize(func: tirx.PrimFunc, scope: str, planned_bytes: int | None = None
              ) -> tirx.PrimFunc:
     """Apply the rewrite described in the module docstring to one PrimFunc."""
-    original = [b.name for _, b, depth in allocations(func) if depth == 0]
+    def root_globals(f):
+        return [b.name for _, b, depth in allocations(f) if depth == 0 and b.scope() == "global"]
+
+    original = root_globals(func)
     func = retag_intermediates(func, scope)
     # set_scope renames buffers (C -> C_local); the root keeps their order.
-    renamed = dict(zip([b.name for _, b, depth in allocations(func) if depth == 0], original))
+    renamed = dict(zip([b.name for _, b, depth in allocations(func)
+                        if depth == 0 and b.scope() == scope], original))
     mod = tvm.IRModule({"main": func})
     # The stock lowering order: region compaction needs opaque blocks, which need inits lowered.
     mod = tvm.transform.Sequential([
