@@ -43,7 +43,10 @@ def _run(name: str, expr: Expr, steps, op: str, verify: bool, **attrs) -> Deriva
     against the expression before it (slow for large shapes: the interpreter runs)."""
     done = []
     current = expr
-    for rule, path in steps:
+    for step in steps:
+        # A step is (rule, path), or a function of the current expression giving one (for a
+        # rule whose parameters name iterators an earlier step created).
+        rule, path = step(current) if callable(step) else step
         d = apply_at(rule, current, path, verify=verify)
         done.append(d)
         current = d.result
@@ -84,13 +87,21 @@ def conv5x5_to_conv3x3(data: Tensor, weight: Tensor, padding=(2, 2, 2, 2),
     y + 3·r1 − 2 ↦ t1 (and for x); inline. The scope is a 3×3 conv with (r1, s1) as 4× output
     channels, the outer expression an OffsetReduce."""
     expr = canonical.conv2d(data, weight, padding=padding)
-    r, s = (expr.sums[1], expr.sums[2])
+    c, r, s = expr.sums
+
+    def inner_sum(current: Expr):
+        # The channel and the two within-kernel offsets (the new summation iterators of
+        # extent 3 that splitting r and s created) go into the scope.
+        new = {it.name for it in current.sums} - {it.name for it in expr.sums}
+        offsets = {it.name for it in current.sums if it.name in new and it.extent == 3}
+        return SummationSplitting(inner={c.name} | offsets), "top"
+
     return _run("conv5x5 → conv3x3 (4× channels) + OffsetReduce", expr, [
         (BoundaryRelaxing({r.name: (r.lo, r.lo + 6)}), "top"),
         (BoundaryRelaxing({s.name: (s.lo, s.lo + 6)}), "top"),
         (SummationIteratorSplitting([r.name], [3]), "top"),
         (SummationIteratorSplitting([s.name], [3]), "top"),
-        (SummationSplitting(inner={"c", r.name + "2", s.name + "2"}), "top"),
+        inner_sum,
         (VariableSubstitution(("offset",)), "top/scope0"),
         (TraversalMerging(), "top"),
     ], "conv2d", verify, padding=tuple(padding))
