@@ -10,7 +10,8 @@ index functions without leaving `x * 1 + 0` behind.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple, Union
+import operator
+from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
 IndexLike = Union["IndexExpr", int]
 
@@ -213,22 +214,34 @@ def build(op: str, lhs: IndexLike, rhs: IndexLike) -> IndexExpr:
     return _BUILDERS[op](lhs, rhs)
 
 
-def evaluate(e: IndexExpr, env: Mapping[str, object]):
-    """Evaluate with iterator values from `env` (ints or numpy integer arrays, broadcasting)."""
+def interpret(e: IndexExpr, env: Mapping[str, object], const: Callable[[int], object] = int,
+              floordiv: Callable = operator.floordiv, floormod: Callable = operator.mod):
+    """Evaluate `e` in any arithmetic: iterators from `env`, constants through `const`, + - *
+    as Python operators, and floor division/modulo through the given functions.
+
+    One walk serves numpy evaluation, TIR lowering and z3 translation, so they cannot disagree
+    on the structure of an index function.
+    """
     if isinstance(e, IVar):
+        if e.name not in env:
+            raise KeyError(f"index function reads iterator {e.name!r}, which has no value")
         return env[e.name]
     if isinstance(e, IConst):
-        return e.value
-    lhs, rhs = evaluate(e.lhs, env), evaluate(e.rhs, env)
+        return const(e.value)
+    lhs = interpret(e.lhs, env, const, floordiv, floormod)
+    rhs = interpret(e.rhs, env, const, floordiv, floormod)
     if e.op == "+":
         return lhs + rhs
     if e.op == "-":
         return lhs - rhs
     if e.op == "*":
         return lhs * rhs
-    if e.op == "//":
-        return lhs // rhs
-    return lhs % rhs
+    return floordiv(lhs, rhs) if e.op == "//" else floormod(lhs, rhs)
+
+
+def evaluate(e: IndexExpr, env: Mapping[str, object]):
+    """Evaluate with iterator values from `env` (ints or numpy integer arrays, broadcasting)."""
+    return interpret(e, env)
 
 
 def linear_form(e: IndexExpr) -> Optional[Tuple[Dict[str, int], int]]:

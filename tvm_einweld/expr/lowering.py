@@ -31,20 +31,7 @@ def _i64(value: int) -> tirx.PrimExpr:
 
 def lower_index(e: IndexExpr, env: Mapping[str, tirx.PrimExpr], dtype: str = "int32") -> tirx.PrimExpr:
     """The TIR form of an index function, iterators taken from `env`."""
-    if isinstance(e, ix.IVar):
-        return env[e.name]
-    if isinstance(e, ix.IConst):
-        return tirx.const(e.value, dtype)
-    lhs, rhs = lower_index(e.lhs, env, dtype), lower_index(e.rhs, env, dtype)
-    if e.op == "+":
-        return lhs + rhs
-    if e.op == "-":
-        return lhs - rhs
-    if e.op == "*":
-        return lhs * rhs
-    if e.op == "//":
-        return tirx.floordiv(lhs, rhs)
-    return tirx.floormod(lhs, rhs)
+    return ix.interpret(e, env, lambda v: tirx.const(v, dtype), tirx.floordiv, tirx.floormod)
 
 
 _UNARY_TE = {  # (value, dtype) -> value

@@ -59,27 +59,12 @@ class ProofResult:
 # --- translation -----------------------------------------------------------------------------
 
 def to_z3(e: IndexExpr, env: Mapping[str, z3.ArithRef]) -> z3.ArithRef:
-    """The z3 integer term of an index function; iterators are looked up in `env`."""
-    if isinstance(e, ix.IVar):
-        if e.name not in env:
-            raise KeyError(f"index function reads iterator {e.name!r}, which has no z3 variable")
-        return env[e.name]
-    if isinstance(e, ix.IConst):
-        return z3.IntVal(e.value)
-    if e.op in ("//", "%") and not (isinstance(e.rhs, ix.IConst) and e.rhs.value > 0):
-        # Euclidean and floor division differ for negative divisors; none are expected.
-        raise ValueError(f"{e}: index division needs a positive constant divisor")
-    lhs, rhs = to_z3(e.lhs, env), to_z3(e.rhs, env)
-    if e.op == "+":
-        return lhs + rhs
-    if e.op == "-":
-        return lhs - rhs
-    if e.op == "*":
-        return lhs * rhs
-    # Positive constant divisor (checked above): Euclidean == floor.
-    if e.op == "//":
-        return lhs / rhs
-    return lhs % rhs
+    """The z3 integer term of an index function; iterators are looked up in `env`.
+
+    Index functions only divide by positive constants (IBin checks it), where z3's Euclidean
+    `div`/`mod` equal floor division/modulo.
+    """
+    return ix.interpret(e, env, z3.IntVal, lambda a, b: a / b, lambda a, b: a % b)
 
 
 class _Space:
