@@ -4,7 +4,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_einweld.tir_passes import TileGraphFusion, prepare, workloads
+from tvm_einweld.tir_passes import TileGraphFusion, pipeline, prepare, workloads
 from tvm_einweld.tir_passes import fusion as fusion_mod
 from tvm_einweld.tir_passes.localize import allocations
 from tvm_einweld.tir_passes.measure import generated_source
@@ -127,19 +127,35 @@ def test_planted_wrong_kernel_is_rejected(monkeypatch):
 
     wrong = TileGraphFusion("llvm", topk=1, measure=False)(relu_graph())
     wrong_kernel = wrong[_call_tir_targets(wrong)[0]]
+    real_kernel = fusion_mod.KernelFactory.kernel
+    mod = relax.transform.LegalizeOps()(workloads.matmul_softmax(128, 32, 64))
+
     monkeypatch.setattr(fusion_mod.KernelFactory, "kernel",
                         lambda self, sub, config: wrong_kernel if len(sub.nodes) == 2 else None)
-    mod = relax.transform.LegalizeOps()(workloads.matmul_softmax(128, 32, 64))
     fuse = TileGraphFusion("llvm", topk=1, measure=False)
     out = fuse(mod)
     assert fuse.report.rejected and not fuse.report.replaced
     assert "max abs error" in fuse.report.rejected[0][1]
+    # The fallback to single nodes gets no kernel from the planted factory either: unchanged.
     tvm.ir.assert_structural_equal(out["main"], mod["main"])
+
+    # With real single-node kernels the fallback tiles matmul and softmax separately.
+    monkeypatch.setattr(
+        fusion_mod.KernelFactory, "kernel",
+        lambda self, sub, config: wrong_kernel if len(sub.nodes) == 2
+        else real_kernel(self, sub, config))
+    fuse = TileGraphFusion("llvm", topk=1, measure=False)
+    out = fuse(mod)
+    assert sorted(fuse.report.replaced) == sorted((n.name,) for n in
+                                                  fusion_mod.build_tile_graph(mod).nodes)
+    args = _random_args(mod)
+    np.testing.assert_allclose(_run(out, args), _run(mod, args), rtol=1e-4, atol=1e-4)
 
 
 def test_is_a_pass_in_sequential():
     mod = workloads.matmul_softmax(128, 32, 64)
     seq = tvm.transform.Sequential([prepare(), TileGraphFusion("llvm", topk=1, measure=False)])
+    assert isinstance(pipeline("llvm"), tvm.transform.Pass)
     assert isinstance(TileGraphFusion("llvm"), tvm.transform.Pass)
     fused = seq(mod)
     args = _random_args(mod)

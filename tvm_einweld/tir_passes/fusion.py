@@ -13,6 +13,7 @@ says why. The replacement call sits where the group's last node was and reads th
 intermediates it removes were read by no one outside the group (see `tile_graph.subgraph`).
 On a CUDA target, which cannot run here, the check runs on the CPU kernel generated from the same
 tile plan, and tile configurations are chosen by the cost model instead of by measurement.
+A multi-node group that fails is retried node by node, so its operators are still tiled.
 """
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from .codegen import Unsupported, group_prim_func, schedule_group
 from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, cpu_device, device_for_target
 from .localize import LocalizeError
-from .measure import check_group, time_kernel
-from .scheduler import Candidate, GraphPlan, estimated_seconds, graph_connecting
-from .tile_graph import SubGraph, TileGraph, build_tile_graph
+from .measure import CheckResult, check_group, time_kernel
+from .scheduler import (Candidate, GraphPlan, estimated_seconds, graph_connecting,
+                        subgraph_tiling)
+from .tile_graph import SubGraph, TileGraph, build_tile_graph, subgraph
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,12 @@ def prepare() -> tvm.transform.Pass:
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),
     ])
+
+
+def pipeline(target, topk: int = 4) -> tvm.transform.Pass:
+    """prepare() then TileGraphFusion: a pass for relax.pipeline.register_pipeline users."""
+    return tvm.transform.Sequential([prepare(), TileGraphFusion(target, topk=topk)],
+                                    name="tile_graph_fusion")
 
 
 class KernelFactory:
@@ -120,24 +128,37 @@ class TileGraphFusion:
         self._measured = 0
         plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory))
         replacements, rejected = [], []
-        for group in plan.groups:
-            func = factory.kernel(group.sub, group.candidate.config)
-            names = tuple(n.name for n in group.sub.nodes)
+        pending = [(g.sub, g.candidate) for g in plan.groups]
+        while pending:
+            sub, cand = pending.pop(0)
+            names = tuple(n.name for n in sub.nodes)
+            func = factory.kernel(sub, cand.config)
+            result = None
             if func is None:
-                rejected.append((names, "kernel could not be generated"))
+                result = CheckResult(False, float("inf"), "kernel could not be generated")
+            elif self.verify:
+                result = self._check(graph, sub, cand, func)
+            if result is not None and not result.ok:
+                logger.warning("TileGraphFusion leaves %s unfused: %s", names, result.message)
+                rejected.append((names, result.message))
+                if len(sub.nodes) > 1:  # its nodes may still be tiled one by one
+                    pending.extend(self._singles(graph, sub))
                 continue
-            if self.verify:
-                result = self._check(graph, group.sub, group.candidate, func)
-                if not result.ok:
-                    logger.warning("TileGraphFusion leaves %s unchanged: %s", names,
-                                   result.message)
-                    rejected.append((names, result.message))
-                    continue
-            replacements.append((group.sub, func))
+            replacements.append((sub, func))
         self.report = FusionReport(plan, tuple(tuple(n.name for n in s.nodes)
                                                for s, _ in replacements), tuple(rejected),
                                    self._measured)
         return replace_groups(mod, graph, replacements)
+
+    def _singles(self, graph, sub):
+        """(single-node sub-graph, its best candidate by the model) for each node of `sub`."""
+        out = []
+        for node in sub.nodes:
+            single = subgraph(graph, [node.name])
+            cands = subgraph_tiling(graph, single, self.device, 1)
+            if cands:
+                out.append((single, cands[0]))
+        return out
 
     def _evaluator(self, graph, factory):
         """Seconds of a candidate: measured, or estimated once its kernel is known to build."""
@@ -163,8 +184,6 @@ class TileGraphFusion:
         cpu = KernelFactory(graph, cpu_device())
         twin = cpu.kernel(sub, cand.config)
         if twin is None:
-            from .measure import CheckResult  # pylint: disable=import-outside-toplevel
-
             return CheckResult(False, float("inf"), "no CPU twin of the plan to check")
         return check_group(twin, graph, sub, "llvm")
 
