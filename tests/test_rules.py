@@ -8,7 +8,8 @@ from tvm_einweld.expr.expression import accesses
 from tvm_einweld.expr import index as ix
 from tvm_einweld.expr.index import IVar
 from tvm_einweld.relay_passes import (
-    BoundaryRelaxing, BoundaryTightening, ExpressionSplitting, RuleNotApplicable,
+    BoundaryRelaxing, BoundaryTightening, ExpressionFusion, ExpressionMerging,
+    ExpressionSplitting, RuleNotApplicable,
     SummationIteratorSplitting, SummationSplitting, TraversalMerging, VariableSubstitution,
     apply_at, check, fuse, merge_expressions, substitute,
 )
@@ -122,10 +123,15 @@ def test_expression_merging_and_fusion():
         np.testing.assert_allclose(evaluate(after, inputs), evaluate(before, inputs), atol=1e-9)
     with pytest.raises(RuleNotApplicable):  # different left inputs: not one computation
         merge_expressions(e1, canonical.matmul(Tensor("C", (5, 6)), b2))
+    assert len(list(ExpressionMerging().apply(e1, e2))) == 1
+    assert not list(ExpressionMerging().apply(e1, canonical.matmul(Tensor("C", (5, 6)), b2)))
 
     x, y = Tensor("X", (3, 4)), Tensor("Y", (3, 4))
     producer = canonical.add(x, y)
     fused = fuse(canonical.relu(Tensor("T", (3, 4))), "T", producer)
+    assert [d.result for d in ExpressionFusion().apply(canonical.relu(Tensor("T", (3, 4))),
+                                                       {"T": producer, "U": producer})] \
+        == [fused.result]
     assert not list(locations(fused.result))[1:]  # one expression: one eOperator
     v = random_inputs(producer)
     np.testing.assert_allclose(evaluate(fused.result, v), np.maximum(v["X"] + v["Y"], 0), atol=1e-7)

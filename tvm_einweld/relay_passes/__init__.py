@@ -10,9 +10,9 @@ Modules, one idea each:
   variable_substitution  y = Φ(x) with proven inverse ψ (offsets, coupled pairs, merges,
                          splits), and splitting of summation iterators
   inverse                fitting ψ from sample points (then proven)
-  traversal_merging      inline a scope (Φ(X×Y) ⊆ Z proven)
+  traversal_merging      inline a scope (Φ(X×Y) ⊆ Z proven; its padding moves onto tensors)
   boundary               relaxing and tightening of ranges (zero slabs proven)
-  inter_expression       expression splitting, merging, fusion
+  inter_expression       expression splitting, merging, fusion (and rule objects for them)
   index_simplify         floor-div/mod aware simplification of index functions
   mapping_table          iterator-mapping table, operator matching, expression_distance
   eoperator              eOperators as scheduled TE kernels
@@ -21,7 +21,9 @@ Modules, one idea each:
 """
 from .boundary import BoundaryRelaxing, BoundaryTightening
 from .derivation import Candidate, Derivation, Rule, RuleNotApplicable, apply_at, check, locations
-from .inter_expression import ExpressionSplitting, Merged, fuse, merge_expressions
+from .inter_expression import (
+    ExpressionFusion, ExpressionMerging, ExpressionSplitting, Merged, fuse, merge_expressions,
+)
 from .mapping_table import TABLE, Match, expression_distance, match
 from .summation_splitting import SummationSplitting
 from .traversal_merging import TraversalMerging
@@ -46,7 +48,8 @@ def build(inst, target: str = "llvm"):
 
 __all__ = [
     "BoundaryRelaxing", "BoundaryTightening", "Candidate", "Derivation", "Rule",
-    "RuleNotApplicable", "apply_at", "check", "locations", "ExpressionSplitting", "Merged", "fuse",
+    "RuleNotApplicable", "apply_at", "check", "locations", "ExpressionFusion", "ExpressionMerging",
+    "ExpressionSplitting", "Merged", "fuse",
     "merge_expressions", "TABLE", "Match", "expression_distance", "match", "SummationSplitting",
     "TraversalMerging", "SummationIteratorSplitting", "VariableSubstitution", "substitute",
     "INTRA_RULES", "instantiate", "build",

@@ -214,3 +214,35 @@ def fuse(consumer: Expr, tensor: str, producer: Expr, inline: bool = True) -> De
                                     f"fuse and inline producer of {tensor}",
                                     derivation.proofs + step.proofs)
     return derivation
+
+
+# --- rule objects for the inter-expression rules (they read two expressions) -------------------
+
+class ExpressionMerging:
+    """Merging as a rule object: `apply(first, second)` yields the merged pair when the two
+    expressions have that form and its side conditions are proven (nothing otherwise)."""
+
+    name = "expression_merging"
+
+    def apply(self, first: Expr, second: Expr) -> Iterable[Merged]:
+        try:
+            yield merge_expressions(first, second)
+        except RuleNotApplicable:
+            return
+
+
+class ExpressionFusion:
+    """Fusion as a rule object: `apply(consumer, producers)` yields, for each input of the
+    consumer that a producer ({tensor name: expression}) computes, the fused expression."""
+
+    name = "expression_fusion"
+
+    def __init__(self, inline: bool = True) -> None:
+        self.inline = inline
+
+    def apply(self, consumer: Expr, producers: Dict[str, Expr]) -> Iterable[Derivation]:
+        for tensor, producer in producers.items():
+            try:
+                yield fuse(consumer, tensor, producer, self.inline)
+            except RuleNotApplicable:
+                continue
