@@ -107,7 +107,7 @@ def replace_source(expr: Expr, old, new) -> Expr:
 
 def check(rule: str, candidate: Candidate, loc: Optional[Location] = None) -> Derivation:
     """Run the side conditions of `candidate`; the derivation, or RuleNotApplicable saying why."""
-    proofs = tuple(cond() for cond in candidate.side_conditions)
+    proofs = tuple(_run_condition(cond) for cond in candidate.side_conditions)
     failed = [p for p in proofs if not p.proven]
     where = f" at {loc.path}" if loc is not None and not loc.is_top else ""
     if failed:
@@ -117,6 +117,15 @@ def check(rule: str, candidate: Candidate, loc: Optional[Location] = None) -> De
     result = loc.rebuild(candidate.result) if loc is not None else candidate.result
     return Derivation(rule, result, candidate.side_conditions,
                       candidate.description + where, proofs)
+
+
+def _run_condition(cond: SideCondition) -> ProofResult:
+    """A side condition's proof; a condition that cannot even be posed (it raises) is
+    "unknown", so the rule instance is refused rather than the search aborted."""
+    try:
+        return cond()
+    except (ValueError, TypeError, KeyError) as err:
+        return ProofResult("unknown", f"side condition could not be checked: {err}")
 
 
 class Rule:

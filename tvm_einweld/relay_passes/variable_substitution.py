@@ -71,7 +71,9 @@ def substitute(expr: Expr, phi: Mapping[str, IndexExpr], psi: Mapping[str, Index
     read = tuple(phi[n] if n in phi else IVar(n) for n in layout)
     result = Expr(expr.traversals, (), Access(scope, read), expr.dtype)
 
-    kept_used = sorted(set().union(*(ix.free_vars(e) for e in psi.values())) - set(phi))
+    # Kept iterators that Φ or ψ read take part in the round trip as identity components.
+    kept_used = sorted((set().union(*(ix.free_vars(e) for e in psi.values())) - set(phi))
+                       | (set().union(*(ix.free_vars(e) for e in phi.values())) - set(psi)))
     phi_full = {**dict(phi), **{k: IVar(k) for k in kept_used}}
     psi_full = {**dict(psi), **{k: IVar(k) for k in kept_used}}
     domain = tuple(trav[n] for n in trav if n in psi_full)
