@@ -1,9 +1,9 @@
 """The zoo benchmark: `python benchmarks/zoo.py [--quick]`.
 
 The same code as `python -m tvm_einweld bench`; see `--help`. `--quick` measures three
-small models with a token tuning budget (16 trials) in a few minutes on an idle 2-core
-machine; without it every zoo model is measured with 1000 MetaSchedule trials per model
-(several hours on 2 cores). `--trials`, `--models`, `--runners` override either preset.
+small models without tuning in a few minutes on 2 cores; without it every zoo model is
+measured with 1000 MetaSchedule trials per model (several hours on 2 cores). `--trials`,
+`--models`, `--runners`, `--batch` override either preset.
 """
 from __future__ import annotations
 

@@ -36,9 +36,9 @@ class BenchConfig:
 ALL_MODELS = ("infogan", "dcgan", "fsrcnn", "gcn", "resnet18", "csrnet", "longformer",
               "bert", "vit", "mobilenetv2", "nafnet", "nerf")
 
-# A few minutes on an idle 2-core machine (MetaSchedule costs about 1.5 s a trial there):
-# three small models and a token budget of 16 trials (about 2 per tuning task).
-QUICK = BenchConfig(models=("infogan", "fsrcnn", "mobilenetv2"), trials=16,
+# A few minutes on 2 cores: three small models and no tuning (MetaSchedule's search costs
+# minutes per task on a busy 2-core machine); `--trials N` adds a budget.
+QUICK = BenchConfig(models=("infogan", "fsrcnn", "mobilenetv2"), trials=0,
                     plan=TimingPlan(repeats=5, warmup=1))
 # Every model at batch 1 with 1000 trials per model (about 100 per task on a 10-task model;
 # 25-40 min of tuning per model on an idle 2-core machine).
@@ -64,6 +64,9 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
     machine = describe_machine()
     log(f"machine: {machine.describe()}")
     notes = [f"{r.name} skipped: {why}" for r in runners if (why := r.unavailable())]
+    if config.trials == 0 and "tvm-tuned" in config.runners:
+        notes.append("tvm-tuned at 0 trials is static_shape_tuning_pipeline without search: "
+                     "its weight-prepack rewrites with TVM's default (unscheduled) kernels")
     for note in notes:
         log(note)
     results: list[ModelResult] = []

@@ -12,12 +12,12 @@ HELP = ("benchmark the model zoo: stock TVM untuned/tuned, onnxruntime, PyTorch 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="a few small models and a token tuning budget (minutes on 2 cores)")
+                        help="three small models, no tuning (minutes on 2 cores)")
     parser.add_argument("--models", help="comma-separated zoo models (default: the preset's)")
     parser.add_argument("--batch", help="comma-separated batch sizes (default: 1)")
     parser.add_argument("--runners", help="comma-separated runners (default: all built in)")
     parser.add_argument("--trials", type=int, help="MetaSchedule trials per model for tuned "
-                        "runners (default: 16 quick, 1000 full)")
+                        "runners (default: 0 quick, 1000 full)")
     parser.add_argument("--repeats", type=int, help="timed repetitions per runner")
     parser.add_argument("--baseline", help="runner the speedups are relative to "
                         "(default: tvm-tuned when selected)")
