@@ -9,7 +9,8 @@
 Modules: `index` (index functions), `expression` (iterators, tensors, scopes, bodies),
 `interpreter` (exact numpy evaluation), `canonical` (operators as expressions),
 `lowering` (to TE/TIR), `fingerprint` (search-state hashing and structural equality),
-`from_relax` (Relax calls to canonical expressions).
+`from_relax` (Relax calls to canonical expressions), `index_simplify` (floor-div/mod aware
+simplification of index functions under iterator ranges).
 """
 from .expression import (
     Access, BinaryOp, Constant, Expr, Iterator, Scalar, Scope, Tensor, UnaryOp, describe,

@@ -16,6 +16,7 @@ import numpy as np
 from . import index as ix
 from .expression import Access, BinaryOp, Expr, Iterator, Tensor, unary
 from .index import IndexExpr
+from .index_simplify import simplify_expr
 
 
 class UnsupportedOperator(NotImplementedError):
@@ -212,8 +213,6 @@ def reshape(a: Tensor, shape: Sequence[int]) -> Expr:
         stride //= n
         e = flat // stride
         idx.append(e if d == 0 else e % n)
-    from .simplify import simplify_expr  # imports TVM; only reshape needs it
-
     return simplify_expr(Expr(its, (), Access(a, tuple(idx)), a.dtype))
 
 

@@ -13,7 +13,6 @@ Modules, one idea each:
   traversal_merging      inline a scope (Φ(X×Y) ⊆ Z proven; its padding moves onto tensors)
   boundary               relaxing and tightening of ranges (zero slabs proven)
   inter_expression       expression splitting, merging, fusion (and rule objects for them)
-  index_simplify         floor-div/mod aware simplification of index functions
   mapping_table          iterator-mapping table, operator matching, expression_distance
   eoperator              eOperators as scheduled TE kernels
   instantiate            expressions → Relax (matmul, conv2d, G2BMM kernel, eOperators)

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator as PyIterator, List, Optional, S
 from ..expr import index as ix
 from ..expr.expression import Access, Expr, Iterator, Scope, Tensor, accesses, map_accesses
 from ..verify.smt import ProofResult
-from .index_simplify import simplify_index
+from ..expr.index_simplify import simplify_expr
 
 SideCondition = Callable[[], ProofResult]
 
@@ -190,10 +190,7 @@ def fresh_name(taken: Iterable[str], stem: str) -> str:
 
 def simplify(expr: Expr) -> Expr:
     """`expr` with every index function of its body simplified (nested scopes untouched)."""
-    ranges = expr.ranges
-    body = map_accesses(expr.body, lambda a: Access(a.source, tuple(simplify_index(i, ranges)
-                                                                   for i in a.indices)))
-    return Expr(expr.traversals, expr.sums, body, expr.dtype)
+    return simplify_expr(expr)
 
 
 def widen_padding(expr: Expr) -> Expr:

@@ -31,7 +31,7 @@ from ..expr.expression import (
 )
 from .derivation import fresh_name, widen_padding
 from .eoperator import FLOPS_PER_ELEMENT_THRESHOLD, arithmetic_intensity, emit_eoperator
-from .index_simplify import simplify_index
+from ..expr.index_simplify import simplify_index
 from .mapping_table import MATCHERS, Match
 
 

@@ -222,7 +222,7 @@ def _pair_spatial(x: Access, hw: Tuple[str, ...], rs: Tuple[str, ...]):
 def grouped_channel(expr: Expr, x: Access, w: Access) -> Optional[Tuple[int, str, str, int]]:
     """(dim, f, c, groups) when a data index is (f // Fg)·Cg + c: a grouped convolution's
     channel, with f the output channel (traversal, read by the weight) and c ∈ [0, Cg)."""
-    from .index_simplify import atom_form
+    from ..expr.index_simplify import atom_form
 
     trav = {it.name for it in expr.traversals}
     w_vars = set().union(*(ix.free_vars(i) for i in w.indices))

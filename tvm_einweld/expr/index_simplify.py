@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Tuple
 
-from ..expr import index as ix
-from ..expr.index import IndexExpr
+from . import index as ix
+from .expression import Access, Expr, map_accesses
+from .index import IndexExpr
 
 Form = Tuple[Dict[IndexExpr, int], int]
 Ranges = Optional[Mapping[str, Tuple[int, int]]]
@@ -106,3 +107,12 @@ def _recombine(form: Form) -> Form:
 def simplify_index(e: IndexExpr, ranges: Ranges = None) -> IndexExpr:
     """The simplest equivalent form this module finds (ranges enable range-based folding)."""
     return build(atom_form(e, ranges))
+
+
+def simplify_expr(expr: Expr) -> Expr:
+    """`expr` with every index function of its body simplified under its iterator ranges
+    (nested scopes untouched)."""
+    ranges = expr.ranges
+    body = map_accesses(expr.body, lambda a: Access(a.source, tuple(simplify_index(i, ranges)
+                                                                   for i in a.indices)))
+    return Expr(expr.traversals, expr.sums, body, expr.dtype)
