@@ -138,12 +138,14 @@ def write_chart(suite: SuiteResult, path: Path) -> Optional[str]:
     except ImportError:
         return "matplotlib is not installed: no chart (pip install 'tvm_einweld[plot]')"
     labels = [f"{m.model}\nb{m.batch}" for m in suite.models]
-    width = 0.8 / max(1, len(suite.runners))
+    # Only runners with at least one timed result get a bar colour and a legend entry.
+    runners = [r for r in suite.runners if any(m.latency(r) for m in suite.models)]
+    width = 0.8 / max(1, len(runners))
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4))
-    for i, runner in enumerate(suite.runners):
+    for i, runner in enumerate(runners):
         values = [speedup(m, runner, suite.baseline) or 0.0 for m in suite.models]
         ax.bar([x + i * width for x in range(len(labels))], values, width, label=runner)
-    ax.set_xticks([x + width * (len(suite.runners) - 1) / 2 for x in range(len(labels))])
+    ax.set_xticks([x + width * (len(runners) - 1) / 2 for x in range(len(labels))])
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_yscale("log")
     ax.axhline(1.0, color="black", linewidth=0.8)
