@@ -179,3 +179,14 @@ def test_cuda_build_keeps_intermediate_in_shared_memory():
     assert "__syncthreads()" in source
     kernel_sig = [line for line in source.splitlines() if "__global__" in line]
     assert all("matmul_intermediate" not in line for line in kernel_sig)
+
+
+def test_cuda_build_of_conv_relu_maxpool():
+    mod = prepare()(workloads.conv_relu_maxpool(channels=16, size=56, filters=32))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    fuse = TileGraphFusion(target, topk=1)
+    fused = fuse(mod)
+    assert _multi_node_groups(fuse.report) and not fuse.report.rejected
+    source = generated_source(tvm.compile(fused, target=target), "cuda")
+    # The conv+ReLU tile feeding the pooling window is a shared-memory buffer.
+    assert "__shared__" in source and "__syncthreads()" in source

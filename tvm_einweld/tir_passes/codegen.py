@@ -16,7 +16,8 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from .device import Device
-from .localize import localize
+from .localize import LocalizeError, localize
+from .propagate import leaf_block_rvs
 from .tile_graph import SubGraph, TileGraph
 
 
@@ -71,7 +72,7 @@ def schedule_group(func: tirx.PrimFunc, tile, device: Device,
     """
     sch = s_tir.Schedule(func)
     out_buffer = func.params[-1]
-    rvs = _leaf_block_rvs(sch)
+    rvs = leaf_block_rvs(sch)
     writers = [rv for rv in rvs if _writes_output(sch.get(rv), out_buffer)]
     if len(writers) != 1 or not writers[0].same_as(rvs[-1]):
         raise Unsupported("the output must be written by the last block only")
@@ -85,30 +86,18 @@ def schedule_group(func: tirx.PrimFunc, tile, device: Device,
         depth = 1  # the fused tile loop is the outermost loop of every block
         if device.kind == "cpu":
             sch.parallel(tile_loop)
-            for rv in _leaf_block_rvs(sch):
+            for rv in leaf_block_rvs(sch):
                 _vectorize_inner(sch, rv, depth)
         else:
             sch.bind(tile_loop, "blockIdx.x")
-            for rv in _leaf_block_rvs(sch):
+            for rv in leaf_block_rvs(sch):
                 _bind_threads(sch, rv, depth, device.threads)
+        scope = "local" if device.kind == "cpu" else "shared"
+        return localize(sch.mod["main"], scope, planned_bytes)
+    except LocalizeError:
+        raise
     except (RuntimeError, ValueError) as err:  # ScheduleError and FFI errors
         raise Unsupported(f"schedule primitive failed: {str(err).splitlines()[0]}") from err
-    scope = "local" if device.kind == "cpu" else "shared"
-    return localize(sch.mod["main"], scope, planned_bytes)
-
-
-def _leaf_block_rvs(sch):
-    out = []
-
-    def visit(rv):
-        for child in sch.get_child_blocks(rv):
-            if len(sch.get_child_blocks(child)):
-                visit(child)
-            else:
-                out.append(child)
-
-    visit(sch.get_sblock("root"))
-    return out
 
 
 def _tile_output(sch, out_rv, out_buffer, tile):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-from .propagate import leaf_blocks
+from .propagate import leaf_block_rvs
 
 
 class LocalizeError(RuntimeError):
@@ -69,10 +69,10 @@ def retag_intermediates(func: tirx.PrimFunc, scope: str) -> tirx.PrimFunc:
     sch = s_tir.Schedule(func)
     root_buffers = {b.name for b in sch.get(sch.get_sblock("root")).alloc_buffers
                     if b.scope() == "global"}
-    for info in leaf_blocks(func):
-        for index, write in enumerate(info.block.writes):
+    for rv in leaf_block_rvs(sch):
+        for index, write in enumerate(sch.get(rv).writes):
             if write.source.name in root_buffers:
-                sch.set_scope(sch.get_sblock(info.block.name_hint), index, scope)
+                sch.set_scope(rv, index, scope)
     return sch.mod["main"]
 
 

@@ -37,23 +37,30 @@ class BlockInfo:
     is_reduction: bool
 
 
+def leaf_block_rvs(sch: s_tir.Schedule) -> list:
+    """The schedule's compute blocks (no child blocks) in program order, as block RVs."""
+    out = []
+
+    def visit(rv) -> None:
+        for child in sch.get_child_blocks(rv):
+            if len(sch.get_child_blocks(child)):
+                visit(child)
+            else:
+                out.append(child)
+
+    visit(sch.get_sblock("root"))
+    return out
+
+
 @functools.lru_cache(maxsize=512)
 def leaf_blocks(func: tirx.PrimFunc) -> tuple[BlockInfo, ...]:
     """The func's compute blocks in program order (the root block excluded)."""
     sch = s_tir.Schedule(func)
-    out: list[BlockInfo] = []
-
-    def visit(rv) -> None:
-        for child in sch.get_child_blocks(rv):
-            block = sch.get(child)
-            children = sch.get_child_blocks(child)
-            if len(children):
-                visit(child)
-                continue
-            reduce = any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
-            out.append(BlockInfo(block, reduce))
-
-    visit(sch.get_sblock("root"))
+    out = []
+    for rv in leaf_block_rvs(sch):
+        block = sch.get(rv)
+        reduce = any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+        out.append(BlockInfo(block, reduce))
     return tuple(out)
 
 
