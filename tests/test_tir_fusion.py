@@ -158,6 +158,9 @@ def test_is_a_pass_in_sequential():
     assert isinstance(pipeline("llvm"), tvm.transform.Pass)
     assert isinstance(TileGraphFusion("llvm"), tvm.transform.Pass)
     fused = seq(mod)
+    # A second run finds only scheduled kernels and leaves the module alone.
+    again = TileGraphFusion("llvm", topk=1, measure=False)
+    tvm.ir.assert_structural_equal(again(fused), fused)
     args = _random_args(mod)
     np.testing.assert_allclose(_run(fused, args), _run(prepare()(mod), args), rtol=1e-4,
                                atol=1e-4)

@@ -7,8 +7,9 @@
 * `graph_connecting` (GraphConnecting): visit the nodes in topological order and, for each output
   edge, compare connecting it at the fast level (the producer's and consumer's groups become one
   kernel) with leaving it in DRAM; each side is priced by measuring its top-k tile configurations
-  on the target (or, without a measurer, by the model's traffic over DRAM bandwidth). SetConnect is the update
-  of `connect`; Propagate is `cost.propagate_subgraph`.
+  on the target (or, without a measurer, by the model's traffic over DRAM bandwidth).
+  SetConnect is the union of the two groups (and the `connected` edge set); Propagate is
+  `cost.propagate_subgraph`.
 
 Only single-output groups are formed (a tensor read by several nodes, or returned, stays in
 DRAM): that is where the code generator's compute_at rewrite applies.
@@ -52,8 +53,9 @@ class GraphPlan:
 
 
 def _next_divisor(dim: int, current: int) -> int | None:
+    """The next tile size along a dimension: a divisor at least twice as large, or the whole."""
     for size in range(current + 1, dim + 1):
-        if dim % size == 0 and size >= 2 * current or size == dim:
+        if (dim % size == 0 and size >= 2 * current) or size == dim:
             return size
     return None
 

@@ -3,8 +3,9 @@
 Nodes are the `call_tir` bindings of the function's dataflow blocks (one PrimFunc each, as Relax
 has them after `LegalizeOps` and, optionally, stock `FuseOps`/`FuseTIR` of injective ops); edges
 are the tensors one node writes and another reads. Anything else (a Relax op left unlegalized, a
-call_tir with several outputs or symbolic shapes, a binding outside a dataflow block) is not a node:
-its tensors are simply inputs of the graph, so such bindings act as barriers for fusion.
+call_tir with several outputs or symbolic shapes, an already scheduled PrimFunc, a binding outside
+a dataflow block) is not a node: its tensors are simply inputs of the graph, so such bindings act
+as barriers for fusion.
 """
 from __future__ import annotations
 
@@ -133,6 +134,8 @@ def build_tile_graph(mod: ir.IRModule, func_name: str = "main") -> TileGraph:
                 continue
             if len(callee.params) != len(inputs) + 1:
                 continue
+            if callee.attrs is not None and "tirx.is_scheduled" in callee.attrs:
+                continue  # already scheduled (e.g. by an earlier TileGraphFusion): not re-tiled
             nodes.append(Node(output, gvar, callee, tuple(inputs), output))
     outputs = frozenset(_returned_names(func.body.body, names))
     exprs: dict[str, object] = {}
