@@ -147,7 +147,8 @@ def write_chart(suite: SuiteResult, path: Path) -> Optional[str]:
         ax.bar([x + i * width for x in range(len(labels))], values, width, label=runner)
     ax.set_xticks([x + width * (len(runners) - 1) / 2 for x in range(len(labels))])
     ax.set_xticklabels(labels, fontsize=8)
-    ax.set_yscale("log")
+    if any(b.get_height() > 0 for b in ax.patches):
+        ax.set_yscale("log")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel(f"speedup vs {suite.baseline} (log)")
     ax.legend(fontsize=8)
