@@ -47,3 +47,32 @@ def test_task_end_to_end(capsys, tmp_path):
     assert code == 0
     assert "round   1  LR" in out or "round   1  NL" in out
     assert "final comparison" in out and "| untuned |" in out and "| adaptive |" in out
+
+
+def tiny_onnx_conv(path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype("float32"), "w")
+    b = numpy_helper.from_array(rng.standard_normal((8,)).astype("float32"), "b")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        initializer=[w, b],
+    )
+    onnx.save(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+@pytest.mark.slow
+def test_onnx_model_end_to_end(capsys, tmp_path):
+    path = str(tmp_path / "conv.onnx")
+    tiny_onnx_conv(path)
+    code = tune.run(parse(path, "--trials", "2", "--per-round", "2", "--work-dir", str(tmp_path / "db")))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "final comparison" in out and "outputs of the tuned and untuned builds agree" in out

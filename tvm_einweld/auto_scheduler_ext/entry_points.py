@@ -17,6 +17,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from .selectors import StrategySelector, make_selector
+from .strategies import Strategy
 from .task_loop import RoundCallback, TaskTuningResult, default_builder, tune_task
 
 logger = logging.getLogger("tvm_einweld.auto_scheduler_ext")
@@ -64,6 +65,7 @@ def _tune_tasks(
     builder = builder or default_builder()
     runner = runner or ms.runner.LocalRunner()
     trials = _trials_per_task(max_trials_global, max_trials_per_task, len(tasks))
+    finished = []
     for index, (name, mod) in enumerate(tasks):
         logger.info("task %d/%d %s: %d trials, strategy %s", index + 1, len(tasks), name, trials, chosen.name)
         result = tune_task(
@@ -81,9 +83,28 @@ def _tune_tasks(
             seed=seed,
             on_round=on_round,
         )
+        finished.append((mod, result))
+        logger.info("%s", summary_table(finished))
         if on_task is not None:
             on_task(result)
     return database
+
+
+def summary_table(finished: list) -> str:
+    """A task table like MetaSchedule's task scheduler prints: (IRModule, result) pairs."""
+    from tvm.s_tir.analysis import estimate_tir_flops  # pylint: disable=import-outside-toplevel
+
+    lines = [
+        " ID | Name | FLOP | Trials | Best (us) | GFLOPs | Rounds NL/LR/LC | Deployed",
+        "----+------+------+--------+-----------+--------+-----------------+---------",
+    ]
+    for i, (mod, r) in enumerate(finished):
+        flop = estimate_tir_flops(mod)
+        best = "N/A" if r.best_secs is None else f"{r.best_secs * 1e6:.2f}"
+        gflops = "N/A" if r.best_secs is None else f"{flop / r.best_secs / 1e9:.2f}"
+        counts = "/".join(str(sum(o.strategy is s for o in r.rounds)) for s in Strategy)
+        lines.append(f" {i} | {r.task_name} | {int(flop)} | {r.trials} | {best} | {gflops} | {counts} | {r.deployed.value}")
+    return "\n".join(lines)
 
 
 def tune_tir(

@@ -104,6 +104,7 @@ def _tune_model(path: str, args, work_dir: str) -> int:
     import onnx
     import tvm
     from tvm import relax
+    from tvm.relax.frontend import onnx as onnx_frontend
 
     from tvm_einweld.auto_scheduler_ext.comparison import machine_description
     from tvm_einweld.auto_scheduler_ext.entry_points import (
@@ -117,13 +118,14 @@ def _tune_model(path: str, args, work_dir: str) -> int:
         model = onnx.load(path)
     except Exception as err:  # pylint: disable=broad-except
         raise UserError(f"cannot read ONNX model {path!r}: {err}") from None
-    mod = relax.frontend.onnx.from_onnx(model)
+    mod = onnx_frontend.from_onnx(model)
     shapes = []
     for param in mod["main"].params:
-        shape = param.struct_info.shape
-        if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
-            raise UserError(f"model input {param.name_hint!r} has no static shape; tuning needs one")
-        shapes.append(([int(d) for d in shape.values], param.struct_info.dtype))
+        ty = param.ty
+        dims = [getattr(d, "value", None) for d in getattr(ty.shape, "values", None) or [None]]
+        if any(not isinstance(d, int) for d in dims):
+            raise UserError(f"model input {param.name!r} has no static shape; tuning needs one")
+        shapes.append((dims, str(ty.dtype)))
     target = _target()
     num_tasks = len(relax_tasks(prepare_relax(mod, None, target), target))
     stage = adaptive_layout_tuning_pass(
