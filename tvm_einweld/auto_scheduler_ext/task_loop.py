@@ -43,6 +43,7 @@ from .strategies import Strategy, args_info, derive_programs, tagged_workload
 logger = logging.getLogger("tvm_einweld.auto_scheduler_ext")
 
 RoundCallback = Callable[[str, RoundOutcome], None]
+REJECTED = "rejected"  # workload tag of deployable programs that failed the check
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,41 @@ def _commit(database, workload, sch: s_tir.Schedule, result: RunnerResult, targe
     )
 
 
+def _resume(database, ctx, model, extractor, task_name: str):
+    """What an earlier (possibly interrupted) run left in the database: the number of trials
+    done, the best deployable record, and the cost model retrained on every measurement."""
+    deployed_records = _records_of(database, ctx.mod)
+    training_records = [r for s in Strategy for r in _records_of(database, tagged_workload(ctx.mod, s))]
+    done = len(deployed_records) + len(_records_of(database, tagged_workload(ctx.mod, REJECTED)))
+    best_secs, best_trace = None, None
+    for r in deployed_records:
+        secs = median_secs(RunnerResult(r.run_secs, None))
+        if secs is not None and (best_secs is None or secs < best_secs):
+            best_secs, best_trace = secs, r.trace
+    measured = deployed_records + training_records
+    if measured:
+        extractor.score_as = Strategy.NL  # replayed A programs are NL samples
+        model.update(ctx, [_replay(r) for r in measured], [RunnerResult(r.run_secs, None) for r in measured])
+        logger.info("[%s] resumed: %d trials already in the database, best %s", task_name, done, _ms(best_secs))
+    return done, best_secs, best_trace
+
+
+def _new_best(deployable, best_secs, best_trace, checker: ProgramChecker, task_name: str):
+    """The round's fastest deployable program that beats the best so far and computes what the
+    task computes becomes the best; faster ones that do not are rejected (their indices)."""
+    rejected = set()
+    for i in sorted(range(len(deployable)), key=lambda i: deployable[i][0] or FAILED_SECS):
+        secs, sch = deployable[i]
+        if secs is None or (best_secs is not None and secs >= best_secs):
+            break
+        verdict = checker.check(sch)
+        if verdict.equal:
+            return secs, sch.trace, rejected
+        rejected.add(i)
+        logger.error("[%s] rejected a tuned program: %s", task_name, verdict)
+    return best_secs, best_trace, rejected
+
+
 def tune_task(
     mod: tvm.IRModule,
     target: Target,
@@ -181,27 +217,13 @@ def tune_task(
     )
     workload = database.commit_workload(ctx.mod)
     tagged = {s: tagged_workload(ctx.mod, s) for s in Strategy}
-    rejected_mod = tagged_workload(ctx.mod, "rejected")
+    rejected_mod = tagged_workload(ctx.mod, REJECTED)
     checker = ProgramChecker(ctx.mod, target)
     if "layout_free_buffers" not in ctx.mod["main"].attrs:
         logger.warning("[%s] no layout_free_buffers attribute: nothing to rewrite, so NL, LR and "
                        "LC programs coincide", task_name)
 
-    # Resume: what an earlier (possibly interrupted) run left in the database.
-    deployed_records = _records_of(database, ctx.mod)
-    training_records = [r for s in Strategy for r in _records_of(database, tagged[s])]
-    done = len(deployed_records) + len(_records_of(database, rejected_mod))
-    best_secs, best_trace = None, None
-    for r in deployed_records:
-        secs = median_secs(RunnerResult(r.run_secs, None))
-        if secs is not None and (best_secs is None or secs < best_secs):
-            best_secs, best_trace = secs, r.trace
-    if deployed_records or training_records:
-        replayed = [_replay(r) for r in deployed_records + training_records]
-        extractor.score_as = Strategy.NL  # replayed A programs are NL samples
-        model.update(ctx, replayed, [RunnerResult(r.run_secs, None) for r in deployed_records + training_records])
-        logger.info("[%s] resumed: %d trials already in the database, best %s", task_name, done, _ms(best_secs))
-
+    done, best_secs, best_trace = _resume(database, ctx, model, extractor, task_name)
     total_rounds = math.ceil(max_trials / num_trials_per_iter)
     rounds: list[RoundOutcome] = []
     measurements = 0
@@ -226,7 +248,7 @@ def tune_task(
         candidates = list(candidates)[: max_trials - trials]
         derived = [derive_programs(c.sch) for c in candidates]
         kinds = [strategy] if strategy is deployed else [strategy, deployed]
-        # One batch for all kinds: LocalBuilder starts a fresh process pool per batch.
+        # One batch for all kinds: one builder and one runner round trip per round.
         programs = [d.for_strategy(kind) for kind in kinds for d in derived]
         measured = build_and_run(programs, target, builder, runner)
         measurements += len(programs)
@@ -235,19 +257,8 @@ def tune_task(
         model.update(ctx, [MeasureCandidate(s, args_info(s)) for s in train], results[strategy])
         ctx.search_strategy.notify_runner_results(candidates, results[strategy])
 
-        # A program becomes the best only after it computes what the task computes.
         deployable = [(median_secs(r), d.for_strategy(deployed)) for d, r in zip(derived, results[deployed])]
-        rejected = set()
-        for i in sorted(range(len(deployable)), key=lambda i: deployable[i][0] or FAILED_SECS):
-            secs, sch = deployable[i]
-            if secs is None or (best_secs is not None and secs >= best_secs):
-                break
-            verdict = checker.check(sch)
-            if verdict.equal:
-                best_secs, best_trace = secs, sch.trace
-                break
-            rejected.add(i)
-            logger.error("[%s] rejected a tuned program: %s", task_name, verdict)
+        best_secs, best_trace, rejected = _new_best(deployable, best_secs, best_trace, checker, task_name)
         for kind in kinds:
             wl = workload if kind is deployed else database.commit_workload(tagged[kind])
             for i, (d, res) in enumerate(zip(derived, results[kind])):
