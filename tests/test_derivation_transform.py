@@ -60,7 +60,8 @@ SMALL = dict(max_depth=2, max_states=40, time_limit_s=3.0, max_instantiations=4)
 def test_conv_relu_conv_same_results():
     mod = conv_relu_conv()
     log = []
-    new = DerivationTransform(**SMALL, log=log)(mod)
+    # As users run it: a pass in a Sequential before tvm.compile.
+    new = tvm.transform.Sequential([DerivationTransform(**SMALL, log=log)])(mod)
     assert_same_results(new, mod)
     assert len(log) == 2 and all(r["ops"] == ["relax.nn.conv2d"] for r in log)
     for rec in log:
