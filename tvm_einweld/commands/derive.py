@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="maximum rule applications of the explorative search (default 7)")
     parser.add_argument("--max-states", type=int, default=400,
                         help="maximum search states per operator (default 400)")
-    parser.add_argument("--time-limit", type=float, default=10.0,
-                        help="search seconds per operator (default 10)")
+    parser.add_argument("--time-limit", type=float, default=5.0,
+                        help="search seconds per operator (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

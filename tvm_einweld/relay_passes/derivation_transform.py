@@ -339,7 +339,7 @@ class DerivationTransform:
     kernels that run below memory bandwidth).
     """
 
-    def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 10.0,
+    def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 5.0,
                  seed: int = 0, rules=None, targets=None, target: str = "llvm",
                  min_speedup: float = 1.1, max_instantiations: int = 8,
                  providers: bool = True, verify_trials: int = 2,
