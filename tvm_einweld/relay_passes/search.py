@@ -9,28 +9,31 @@ Two phases, as in the paper's Fig. 10:
   `structurally_equal` before the state is counted as pruned; a fingerprint collision between
   different expressions keeps both.
 * **Converging derivation** (`converge`): towards one target operator, follow only derivations
-  that strictly reduce an expression distance (the paper's mismatch count of the iterator-mapping
-  table), until the distance is 0, i.e. the expression instantiates as that operator. The
-  distance is a parameter (any `Callable[[Expr], Optional[float]]`, None meaning "cannot become
-  this operator"), so the matching module supplies it.
+  that reduce the expression distance (the paper's mismatch count of the iterator-mapping
+  table, here summed over the levels instantiation must map to operators, `level_distance`)
+  until it is 0, i.e. the expression instantiates as that operator; then only derivations that
+  keep it at 0 and lower a compile-free cost estimate (`op_cost.roofline_seconds`: inlining an
+  intermediate, not computing padding). The distance is a parameter (any
+  `Callable[[Expr], Optional[float]]`, None meaning "cannot become this operator").
 
-`distance_guided_search` runs both: every explored state is a candidate, and each one is also
-driven towards every target. Budgets (depth, states, seconds) are shared by both phases. The
-search is deterministic for a given seed: the seed only permutes the order in which the
-successors of a state are queued.
+`distance_guided_search` runs both, interleaved: every explored state is a candidate, and as
+soon as it is found it is also driven towards every target. Budgets (depth, states, seconds)
+cover both phases. The search is deterministic for a given seed (up to where a time limit cuts
+it): the seed only permutes the order in which the successors of a state are queued.
 
-Rules are the `derivation.Rule` objects (their `apply(expr)` yields proven `Derivation`s); a
+Rules are `derivation.Rule` objects. Their side conditions (z3 proofs) dominate the search's
+time, so rule instances are proposed unproven (`proposals`) and proven only when the search
+keeps them: new, and improving while converging. Only proven derivations become states. A
 rule that raises is recorded in the statistics and contributes no successor, so a faulty rule
-cannot stop the search, and cannot produce a wrong rewrite either (only proven derivations
-become states, and the pass verifies whatever it picks again).
+cannot stop the search, nor produce a wrong rewrite (the pass verifies whatever it picks).
 """
 from __future__ import annotations
 
 import heapq
 import random
 import time
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..expr.expression import Expr
