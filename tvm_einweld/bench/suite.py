@@ -41,7 +41,7 @@ ALL_MODELS = ("infogan", "dcgan", "fsrcnn", "gcn", "resnet18", "csrnet", "longfo
 QUICK = BenchConfig(models=("infogan", "fsrcnn", "mobilenetv2"), trials=0,
                     plan=TimingPlan(repeats=5, warmup=1))
 # Every model at batch 1 with 1000 trials per model (about 100 per task on a 10-task model;
-# 25-40 min of tuning per model on an idle 2-core machine).
+# at the ~1.5 s per trial measured on an idle 2-core machine, 25+ min of tuning per model).
 FULL = BenchConfig(models=ALL_MODELS, trials=1000, plan=TimingPlan(repeats=9, warmup=2))
 
 
