@@ -14,7 +14,16 @@ from typing import Optional, Sequence
 # name -> (module, one-line help). The help lives here so `--help` needs no imports.
 SUBCOMMANDS = {
     "demo": ("tvm_einweld.commands.demo", "run the main job on a built-in model"),
-    "verify": ("tvm_einweld.commands.verify", "self-check the verifier: canonical ops and planted faults"),
+    "optimize": ("tvm_einweld.commands.optimize",
+                 "optimize an ONNX model with the einweld pipeline and export the library"),
+    "derive": ("tvm_einweld.commands.derive",
+               "run the derivation search on every subprogram of an ONNX model"),
+    "tune": ("tvm_einweld.commands.tune",
+             "tune with adaptive layout strategies: an ONNX model or one conv2d task"),
+    "verify": ("tvm_einweld.commands.verify",
+               "self-check the verifier: canonical ops and planted faults"),
+    "bench": ("tvm_einweld.commands.bench",
+              "benchmark the model zoo side by side with stock TVM and onnxruntime"),
 }
 
 
