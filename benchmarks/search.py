@@ -176,9 +176,10 @@ def time_alternating(fns: Sequence[Callable[[], object]], rounds: int) -> List[f
 
 
 def build(mod, trials: int, work_dir: str):
-    target = tvm.target.Target(TARGET)
     pipeline = None
-    if trials:
+    target = tvm.target.Target(TARGET)
+    if trials:  # MetaSchedule needs the core count in the target
+        target = tvm.target.Target({"kind": TARGET, "num-cores": machine.cpu_cores()})
         pipeline = relax.pipeline.static_shape_tuning_pipeline(
             total_trials=trials, target=target, work_dir=work_dir)
     ex = tvm.compile(mod, target=target, relax_pipeline=pipeline) if pipeline else \
