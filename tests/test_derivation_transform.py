@@ -178,3 +178,17 @@ def test_planted_wrong_rule_is_rejected():
     for rec in log:
         assert not rec["chosen"]["verified"] and "NOT equal" in rec["verification"]
         assert any("rewrite rejected" in n for n in rec["notes"])
+
+
+def test_a_target_without_its_device_leaves_the_module_unchanged():
+    import pytest
+
+    mod = matmul_model()
+    transform = DerivationTransform(**SMALL, target="cuda")
+    if tvm.cuda(0).exist:  # a GPU machine: candidates are timed and verified there
+        transform(mod)
+        assert len(transform.last_results) == 1
+        return
+    with pytest.warns(UserWarning, match="no cuda device"):
+        new = transform(mod)
+    assert structural_equal(new, mod) and transform.last_results == ()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -371,10 +372,18 @@ class DerivationTransform:
         unchanged when nothing was applied or `apply` is False) and the per-subprogram results."""
         results: List[SubprogramResult] = []
         out = mod
+        device = tvm.device(tvm.target.Target(self.target).get_target_device_type(), 0)
+        if not device.exist:
+            warnings.warn(f"DerivationTransform: no {self.target} device on this machine to time "
+                          f"and verify candidates on; the module is left unchanged")
+            return mod, ()
         for fname, split in split_module(mod).items():
             replacements: Dict[relax.Var, Callable] = {}
             for sub in split.subprograms:
-                res = self.optimise_subprogram(sub)
+                try:
+                    res = self.optimise_subprogram(sub)
+                except Exception as err:  # an optimisation must never break the user's build
+                    res = _unchanged(sub, f"not optimised: {type(err).__name__}: {err}")
                 results.append(res)
                 if res.applied:
                     for o in res.ops:
@@ -537,6 +546,15 @@ class DerivationTransform:
         with open(self.log, "a") as fh:
             for rec in records:
                 fh.write(json.dumps(rec) + "\n")
+
+
+def _unchanged(sub: Subprogram, why: str) -> SubprogramResult:
+    """The result of a subprogram the pass could not work on: its operators kept, untimed."""
+    ops = []
+    for op in sub.ops:
+        original = Program("original", (Kernel(op.kind, 0.0, False),), _original_emit(op))
+        ops.append(OpResult(op, (original,), original, None, (why,)))
+    return SubprogramResult(sub, tuple(ops), False, False, why)
 
 
 def _bound(emit: Emit, sub: Subprogram) -> Callable[[relax.BlockBuilder], relax.Expr]:
