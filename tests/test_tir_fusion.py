@@ -4,7 +4,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_einweld.tir_passes import TileGraphFusion, pipeline, prepare, workloads
+from tvm_einweld.tir_passes import (TileGraphFusion, compile_pipeline, pipeline, prepare,
+                                    workloads)
 from tvm_einweld.tir_passes import fusion as fusion_mod
 from tvm_einweld.tir_passes.localize import allocations
 from tvm_einweld.tir_passes.measure import generated_source
@@ -193,3 +194,12 @@ def test_cuda_build_of_conv_relu_maxpool():
     source = generated_source(tvm.compile(fused, target=target), "cuda")
     # The conv+ReLU tile feeding the pooling window is a shared-memory buffer.
     assert "__shared__" in source and "__syncthreads()" in source
+
+
+def test_compile_pipeline_for_tvm_compile():
+    mod = workloads.layernorm_chain(rows=64, dim=64)
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=compile_pipeline("llvm", topk=1))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    args = _random_args(mod)
+    got = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    np.testing.assert_allclose(got, _run(prepare()(mod), args), rtol=1e-4, atol=1e-4)

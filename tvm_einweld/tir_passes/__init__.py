@@ -12,10 +12,10 @@ Modules, in the order data flows through them:
   fusion      TileGraphFusion, the Relax module pass
 """
 from .device import Device, MemoryLevel, cpu_device, cuda_device, device_for_target
-from .fusion import TileGraphFusion, pipeline, prepare
+from .fusion import TileGraphFusion, compile_pipeline, pipeline, prepare
 from .localize import LocalizeIntermediates
 
 __all__ = [
     "Device", "MemoryLevel", "cpu_device", "cuda_device", "device_for_target",
-    "TileGraphFusion", "pipeline", "prepare", "LocalizeIntermediates",
+    "TileGraphFusion", "compile_pipeline", "pipeline", "prepare", "LocalizeIntermediates",
 ]

@@ -6,8 +6,9 @@ its capacity (what one tile-graph may keep live there), its transaction width (t
 which traffic is counted) and its bandwidth (to turn traffic into an estimated time).
 
 `cpu_device()` reads the cache sizes of this machine from sysfs and measures the bandwidths once
-with numpy, caching the figures on disk; the CUDA descriptions are static data sheets, so they can
-be built on a machine without a GPU.
+with numpy copies sized to each level, caching the figures on disk (for L1 the per-call overhead of
+numpy dominates, so that figure is a lower bound; the scheduler only uses DRAM's). The CUDA
+descriptions are static data sheets, so they can be built on a machine without a GPU.
 """
 from __future__ import annotations
 

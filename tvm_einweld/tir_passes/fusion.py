@@ -58,9 +58,18 @@ def prepare() -> tvm.transform.Pass:
 
 
 def pipeline(target, topk: int = 4) -> tvm.transform.Pass:
-    """prepare() then TileGraphFusion: a pass for relax.pipeline.register_pipeline users."""
+    """prepare() then TileGraphFusion: Relax in, Relax with fused tile kernels out."""
     return tvm.transform.Sequential([prepare(), TileGraphFusion(target, topk=topk)],
                                     name="tile_graph_fusion")
+
+
+def compile_pipeline(target, topk: int = 4) -> tvm.transform.Pass:
+    """A complete `relax_pipeline` for tvm.compile: `pipeline()`, then what tvm.compile's default
+    does for the target (on CUDA its DLight schedules cover the kernels left unfused)."""
+    target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
+    rest = (relax.get_default_pipeline(target) if "gpu" in target.keys
+            else relax.pipeline.default_build_pipeline())
+    return tvm.transform.Sequential([pipeline(target, topk), rest], name="tile_graph_compile")
 
 
 class KernelFactory:
