@@ -31,12 +31,6 @@ class Region:
     hi: tuple
 
 
-@dataclass(frozen=True)
-class BlockInfo:
-    block: s_tir.SBlock
-    is_reduction: bool
-
-
 def leaf_block_rvs(sch: s_tir.Schedule) -> list:
     """The schedule's compute blocks (no child blocks) in program order, as block RVs."""
     out = []
@@ -53,15 +47,10 @@ def leaf_block_rvs(sch: s_tir.Schedule) -> list:
 
 
 @functools.lru_cache(maxsize=512)
-def leaf_blocks(func: tirx.PrimFunc) -> tuple[BlockInfo, ...]:
+def leaf_blocks(func: tirx.PrimFunc) -> tuple[s_tir.SBlock, ...]:
     """The func's compute blocks in program order (the root block excluded)."""
     sch = s_tir.Schedule(func)
-    out = []
-    for rv in leaf_block_rvs(sch):
-        block = sch.get(rv)
-        reduce = any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
-        out.append(BlockInfo(block, reduce))
-    return tuple(out)
+    return tuple(sch.get(rv) for rv in leaf_block_rvs(sch))
 
 
 class Propagator:
@@ -121,8 +110,7 @@ class Propagator:
         footprint of a tile; traffic always covers the full reduction).
         """
         need: dict[tirx.Buffer, Region] = {out_buffer: out_region}
-        for info in reversed(leaf_blocks(func)):
-            block = info.block
+        for block in reversed(leaf_blocks(func)):
             written = [w for w in block.writes if w.source in need]
             if not written:
                 continue
