@@ -473,8 +473,11 @@ def level_distance(op: str) -> Distance:
 
 
 def default_targets() -> Dict[str, Distance]:
-    """Converging targets: the predefined operators of the iterator-mapping table."""
-    return {op: level_distance(op) for op in ("matmul", "conv2d", "g2bmm")}
+    """Converging targets: the operators of the iterator-mapping table that instantiation can
+    match (`mapping_table.MATCHERS`)."""
+    from .mapping_table import MATCHERS
+
+    return {op: level_distance(op) for op in sorted(MATCHERS)}
 
 
 __all__ = ["Budget", "State", "Proposal", "proposals", "Match", "SearchStats", "SearchResult",
