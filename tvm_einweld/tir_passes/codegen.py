@@ -3,7 +3,8 @@
 1. `group_prim_func` merges the nodes' PrimFuncs into one (stock `FuseTIR` over a Relax function
    marked Primitive that calls them in order); intermediates become root-allocated buffers.
 2. `schedule_group` tiles the output block by the planned output tile, computes every producer at
-   the tile loop (`compute_at`, which derives the same regions as tile propagation), and maps the
+   the tile loop (`compute_at` derives the regions itself; localize.py checks them against the
+   plan's tile propagation), and maps the
    tile loop to the device: a parallel loop with vectorised inner loops on CPU, `blockIdx.x` with
    `threadIdx.x` inner loops on CUDA.
 3. `LocalizeIntermediates` (localize.py) turns the global intermediates into tile buffers.
