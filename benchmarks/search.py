@@ -176,15 +176,14 @@ def time_alternating(fns: Sequence[Callable[[], object]], rounds: int) -> List[f
 
 
 def build(mod, trials: int, work_dir: str):
-    pipeline = None
+    """Compile `mod` (tuned first by static_shape_tuning_pipeline when `trials` > 0) and
+    return its `main`."""
     target = tvm.target.Target(TARGET)
     if trials:  # MetaSchedule needs the core count in the target
         target = tvm.target.Target({"kind": TARGET, "num-cores": machine.cpu_cores()})
-        pipeline = relax.pipeline.static_shape_tuning_pipeline(
-            total_trials=trials, target=target, work_dir=work_dir)
-    ex = tvm.compile(mod, target=target, relax_pipeline=pipeline) if pipeline else \
-        tvm.compile(mod, target=target)
-    return relax.VirtualMachine(ex, tvm.cpu())["main"]
+        mod = relax.pipeline.static_shape_tuning_pipeline(
+            total_trials=trials, target=target, work_dir=work_dir)(mod)
+    return relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())["main"]
 
 
 def _inputs(mod):
