@@ -12,8 +12,8 @@ from tvm_einweld.bench import machine as machine_mod
 from tvm_einweld.bench.check import compare_outputs
 from tvm_einweld.bench.harness import FAILED, OK, SKIPPED, WRONG, TimingPlan, benchmark_model
 from tvm_einweld.bench.roofline import graph_cost
-from tvm_einweld.bench.runners import (ONNXRUNTIME, TVM_TUNED, Runner, _prepare_onnxruntime,
-                                       reference_outputs)
+from tvm_einweld.bench.runners import (ONNXRUNTIME, TVM_TUNED, TVM_TUNED_NO_PREPACK, Runner,
+                                       _prepare_onnxruntime, reference_outputs)
 from tvm_einweld.models import build_model, random_inputs
 from tvm_einweld.models.graph_builder import GraphBuilder
 
@@ -86,12 +86,13 @@ def test_reference_is_unoptimised_onnxruntime_and_optimised_one_agrees() -> None
     assert compare_outputs(ONNXRUNTIME.prepare(model, 0, None)(inputs), ref).ok
 
 
-def test_stock_tvm_tuned_path_with_weight_prepack_runs_correctly(tmp_path) -> None:
-    """static_shape_tuning_pipeline(cpu_weight_prepack=True) at 0 trials: the prepack and
-    main_transform_params plumbing, checked against onnxruntime."""
+@pytest.mark.parametrize("runner", [TVM_TUNED, TVM_TUNED_NO_PREPACK], ids=lambda r: r.name)
+def test_stock_tvm_tuned_paths_run_correctly(tmp_path, runner) -> None:
+    """static_shape_tuning_pipeline with and without cpu_weight_prepack at 0 trials: the
+    prepack / main_transform_params plumbing, checked against onnxruntime."""
     model = build_model("fsrcnn")
     inputs = random_inputs(model)
-    run = TVM_TUNED.prepare(model, 0, tmp_path)
+    run = runner.prepare(model, 0, tmp_path)
     assert compare_outputs(run(inputs), reference_outputs(model, inputs)).ok
 
 

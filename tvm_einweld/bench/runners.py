@@ -137,35 +137,41 @@ def count_tuning_tasks(mod, target) -> int:
     return len(extract_tasks(lowered, target))
 
 
-def _prepare_tvm_tuned(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
-    """Stock TVM's tuned CPU path: MetaSchedule within `trials`, weights pre-packed.
+def _tvm_tuned(prepack: bool) -> PrepareFn:
+    """Stock TVM's tuned CPU path: MetaSchedule within `trials`, optionally weight pre-packing.
 
     The budget is spread evenly over the tasks (the pipeline's `max_trials_per_task`, which
     its docstring asks to set): left unset, MetaSchedule's rounds of 64 candidates spend a
     small budget on the first few tasks and leave the rest unscheduled.
-    `cpu_weight_prepack=True` moves the weight layout rewrites the tuned kernels want into a
-    separate `main_transform_params` function, run once here (not timed) as a deployment
-    would at load time.
+    With `prepack`, the weights become parameters and `cpu_weight_prepack=True` moves the
+    layout rewrites the tuned kernels want into a separate `main_transform_params`
+    function, run once here (not timed) as a deployment would at load time. Without it the
+    weights stay constants in their ONNX layout.
     """
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
 
-    target = host_target()
-    mod, params = relax.frontend.detach_params(from_onnx(model, keep_params_in_input=True))
-    per_task = -(-trials // count_tuning_tasks(mod, target)) if trials > 0 else None
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with measurement_timeouts():
-        mod = relax.pipeline.static_shape_tuning_pipeline(
-            total_trials=trials, target=target, work_dir=str(work_dir),
-            cpu_weight_prepack=True, max_trials_per_task=per_task,
-        )(mod)
-    executable = tvm.compile(mod, target)
-    weights = []
-    if "main" in params:
-        vm = relax.VirtualMachine(executable, tvm.cpu())
-        weights = list(vm["main_transform_params"](params["main"]))
-    return vm_runner(executable, graph_input_names(model), weights)
+    def prepare(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
+        import tvm
+        from tvm import relax
+        from tvm.relax.frontend.onnx import from_onnx
+
+        target = host_target()
+        mod, params = relax.frontend.detach_params(
+            from_onnx(model, keep_params_in_input=prepack))
+        per_task = -(-trials // count_tuning_tasks(mod, target)) if trials > 0 else None
+        work_dir.mkdir(parents=True, exist_ok=True)
+        with measurement_timeouts():
+            mod = relax.pipeline.static_shape_tuning_pipeline(
+                total_trials=trials, target=target, work_dir=str(work_dir),
+                cpu_weight_prepack=prepack, max_trials_per_task=per_task,
+            )(mod)
+        executable = tvm.compile(mod, target)
+        weights = []
+        if prepack and "main" in params:
+            vm = relax.VirtualMachine(executable, tvm.cpu())
+            weights = list(vm["main_transform_params"](params["main"]))
+        return vm_runner(executable, graph_input_names(model), weights)
+
+    return prepare
 
 
 # ---- PyTorch ---------------------------------------------------------------------------------
@@ -193,15 +199,23 @@ def _prepare_pytorch(model: onnx.ModelProto, trials: int, work_dir: Path) -> Run
 # ---- registry ------------------------------------------------------------------------------
 TVM_UNTUNED = Runner("tvm-untuned", _prepare_tvm_untuned,
                      "stock TVM, tvm.compile(mod, llvm) without tuning")
-TVM_TUNED = Runner("tvm-tuned", _prepare_tvm_tuned,
+TVM_TUNED = Runner("tvm-tuned", _tvm_tuned(prepack=True),
                    "stock TVM, relax.pipeline.static_shape_tuning_pipeline(trials, "
                    "cpu_weight_prepack=True)")
+# The same without weight pre-packing: in TVM 0.27 the pre-packed layout rewrite of tuned
+# ConvTranspose kernels gives wrong results (see benchmarks/RESULTS.md), this one does not
+# rewrite weight layouts.
+TVM_TUNED_NO_PREPACK = Runner("tvm-tuned-noprepack", _tvm_tuned(prepack=False),
+                              "stock TVM, static_shape_tuning_pipeline(trials, "
+                              "cpu_weight_prepack=False)")
 ONNXRUNTIME = Runner("onnxruntime", _prepare_onnxruntime,
                      "onnxruntime CPUExecutionProvider, all graph optimisations")
 PYTORCH = Runner("pytorch", _prepare_pytorch, "PyTorch CPU eager via onnx2torch",
                  unavailable=_pytorch_unavailable)
 
-RUNNERS: dict[str, Runner] = {r.name: r for r in [TVM_UNTUNED, TVM_TUNED, ONNXRUNTIME, PYTORCH]}
+RUNNERS: dict[str, Runner] = {
+    r.name: r for r in [TVM_UNTUNED, TVM_TUNED, TVM_TUNED_NO_PREPACK, ONNXRUNTIME, PYTORCH]
+}
 
 
 def register_runner(runner: Runner) -> None:
