@@ -97,10 +97,13 @@ def test_stock_tvm_tuned_paths_run_correctly(tmp_path, runner) -> None:
 
 
 @pytest.mark.slow
-def test_stock_tvm_tuned_with_trials_writes_records(tmp_path) -> None:
-    model = build_model("fsrcnn")
+def test_stock_tvm_tuned_with_trials_is_correct_and_writes_records(tmp_path) -> None:
+    """A real (tiny) MetaSchedule budget on one ConvTranspose, without weight pre-packing
+    (with it, TVM 0.27's tuned conv2d_transpose reads a mis-packed weight: RESULTS.md)."""
+    g = GraphBuilder("one_convt", seed=0)
+    model = g.build([g.conv_transpose(g.input("x", [1, 64, 8, 8]), 64, 32, 4, 2, 1)])
     inputs = random_inputs(model)
-    run = TVM_TUNED.prepare(model, 4, tmp_path)
+    run = TVM_TUNED_NO_PREPACK.prepare(model, 4, tmp_path)
     assert compare_outputs(run(inputs), reference_outputs(model, inputs)).ok
     assert (tmp_path / "database_tuning_record.json").stat().st_size > 0
 
