@@ -22,7 +22,8 @@ setup(
         "cloudpickle",
     ],
     extras_require={
-        "test": ["pytest", "onnxruntime"],
+        # tornado: TVM's RPC tracker needs it (tests tune through RPC on loopback)
+        "test": ["pytest", "onnxruntime", "tornado"],
         "plot": ["matplotlib"],
     },
     entry_points={"console_scripts": ["tvm-einweld=tvm_einweld.cli:main"]},

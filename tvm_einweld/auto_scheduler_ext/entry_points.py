@@ -183,7 +183,14 @@ def apply_database(work_dir: str, target: Target) -> tvm.transform.Pass:
 def relax_tasks(prepared: tvm.IRModule, target: Target) -> list:
     """(name, IRModule) tuning tasks of a module prepared by ``prepare_relax``."""
     extracted = ms.relax_integration.extract_tasks(prepared, target)
-    return [(t.task_name, t.dispatched[0]) for t in extracted]
+    return [(t.task_name, t.dispatched[0]) for t in extracted if not _is_scheduled(t.dispatched[0])]
+
+
+def _is_scheduled(mod: tvm.IRModule) -> bool:
+    """Kernels another pass already scheduled (TileGraphFusion marks its fused kernels with
+    ``tirx.is_scheduled``) are not tuning tasks: re-tuning would discard that schedule."""
+    return any(f.attrs is not None and bool(f.attrs.get("tirx.is_scheduled", False))
+               for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
 
 
 def tune_relax(
@@ -217,7 +224,11 @@ def adaptive_layout_tuning_pass(
     @tvm.transform.module_pass(opt_level=0, name="EinweldAdaptiveLayoutTuning")
     def _stage(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         prepared = prepare_relax(mod, None, target)
-        _tune_tasks(relax_tasks(prepared, target), target, work_dir, max_trials_global, **kwargs)
+        tasks = relax_tasks(prepared, target)
+        if tasks:
+            _tune_tasks(tasks, target, work_dir, max_trials_global, **kwargs)
+        else:
+            logger.info("no kernel left to tune: every kernel is already scheduled")
         return apply_database(work_dir, target)(prepared)
 
     return _stage
