@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tvm_einweld.bench import machine as machine_mod
+from tvm_einweld import machine as machine_mod
 from tvm_einweld.bench.check import compare_outputs
 from tvm_einweld.bench.harness import FAILED, OK, SKIPPED, WRONG, TimingPlan, benchmark_model
 from tvm_einweld.bench.roofline import graph_cost

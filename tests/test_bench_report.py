@@ -8,7 +8,7 @@ import pytest
 
 from tvm_einweld.bench import report, suite
 from tvm_einweld.bench.harness import FAILED, OK, WRONG, ModelResult, RunnerResult
-from tvm_einweld.bench.machine import MachineInfo
+from tvm_einweld.machine import MachineInfo
 from tvm_einweld.bench.roofline import GraphCost
 from tvm_einweld.bench.runners import PYTORCH
 from tvm_einweld.bench.timing import Timing

@@ -91,7 +91,12 @@ class EinweldOptimize:
 
     def _tune(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         from .auto_scheduler_ext.entry_points import adaptive_layout_tuning_pass
+        from .machine import cpu_cores
 
+        spec = dict(target.export())
+        if spec["kind"] == "llvm" and "num-cores" not in spec:
+            # MetaSchedule needs the core count; plain "llvm" means this machine.
+            target = tvm.target.Target({**spec, "num-cores": cpu_cores()})
         work_dir = self.work_dir or tempfile.mkdtemp(prefix="einweld_tune_")
         stage = adaptive_layout_tuning_pass(target, work_dir, self.trials,
                                             layout_strategy=self.layout_strategy,

@@ -1,17 +1,20 @@
-"""What this machine can do: measured copy bandwidth and sgemm peak, cache sizes.
+"""What this machine can do: CPU, cores, memory, caches, and its measured compute and memory
+peaks (numpy fp32 GEMM, and a large copy counted as bytes read + written, as STREAM's "copy").
 
-Several parts need the same numbers (the eOperator cost estimate, the CPU memory hierarchy of
-the tile-graph scheduler, the benchmarks' roofline), so they are measured once here and cached
-on disk under `$TVM_EINWELD_CACHE` (default `~/.cache/tvm_einweld`), keyed by the CPU model
-and core count, so a different machine measures again.
+One module serves everything that needs these numbers: the eOperator cost estimate, the
+benchmarks' roofline and machine line. Measuring takes a few seconds, so the result is cached
+on disk under `cache_dir()` per (CPU model, CPU count, numpy version); a measurement taken
+while the machine was busy is used once but not cached, since its peaks read low.
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
@@ -19,7 +22,9 @@ import numpy as np
 
 
 def cache_dir() -> Path:
-    path = Path(os.environ.get("TVM_EINWELD_CACHE", Path.home() / ".cache" / "tvm_einweld"))
+    """`$TVM_EINWELD_CACHE`, else `$XDG_CACHE_HOME/tvm_einweld`, else `~/.cache/tvm_einweld`."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tvm_einweld"
+    path = Path(os.environ.get("TVM_EINWELD_CACHE", default))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -35,10 +40,18 @@ def cpu_model() -> str:
 
 
 def cpu_cores() -> int:
+    """CPUs this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return float("nan")
 
 
 def cache_sizes() -> Dict[str, int]:
@@ -47,8 +60,7 @@ def cache_sizes() -> Dict[str, int]:
     root = Path("/sys/devices/system/cpu/cpu0/cache")
     for entry in sorted(root.glob("index*")) if root.exists() else []:
         try:
-            kind = (entry / "type").read_text().strip()
-            if kind == "Instruction":
+            if (entry / "type").read_text().strip() == "Instruction":
                 continue
             level = (entry / "level").read_text().strip()
             text = (entry / "size").read_text().strip().upper()
@@ -57,6 +69,14 @@ def cache_sizes() -> Dict[str, int]:
         unit = {"K": 1024, "M": 1024 * 1024}.get(text[-1], 1)
         sizes[f"L{level}"] = int(text.rstrip("KM")) * unit
     return sizes
+
+
+def load_average() -> Optional[float]:
+    """1-minute load average: other processes on a shared machine skew every timing."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 7, min_time: float = 0.02) -> float:
@@ -75,59 +95,108 @@ def median_seconds(fn: Callable[[], object], repeats: int = 7, min_time: float =
     return float(np.median(samples))
 
 
-def measure_copy_bandwidth(nbytes: int = 256 << 20) -> float:
-    """Bytes moved per second (read + write) by a large float32 copy."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    seconds = median_seconds(lambda: np.copyto(dst, src), repeats=5)
-    return 2 * src.nbytes / seconds
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: page faults, BLAS thread start
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
-def measure_sgemm_flops(n: int = 1024) -> float:
-    """FLOP/s of numpy's float32 matmul (its BLAS) on n×n matrices."""
+def measure_sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    c = np.empty((n, n), dtype=np.float32)
-    seconds = median_seconds(lambda: np.matmul(a, b, out=c), repeats=5)
-    return 2.0 * n**3 / seconds
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    out = np.empty((n, n), np.float32)
+    return 2.0 * n**3 / _best_seconds(lambda: np.matmul(a, b, out=out), repeats) / 1e9
+
+
+def measure_copy_gbs(mib: int = 256, repeats: int = 5) -> float:
+    src = np.ones(mib * 2**20 // 4, np.float32)
+    dst = np.empty_like(src)
+    return 2.0 * src.nbytes / _best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
 
 
 @dataclass(frozen=True)
-class MachineProfile:
-    cpu: str
-    cores: int
-    copy_bandwidth: float  # bytes/s, read + write
-    sgemm_flops: float  # FLOP/s
-    caches: Dict[str, int]
+class MachineInfo:
+    cpu_model: str
+    logical_cpus: int
+    memory_gib: float
+    sgemm_gflops: float  # numpy fp32 matmul, best of several
+    copy_gbs: float  # large copy, (read + write) bytes per second, best of several
+    numpy_version: str
+    measured_at: str  # UTC ISO time of the measurement
+    load_at_measurement: Optional[float] = None  # 1-min load average just before measuring
+    caches: Dict[str, int] = field(default_factory=dict)  # bytes by level name
+
+    @property
+    def copy_bandwidth(self) -> float:
+        """Bytes per second (read + write) of a large copy."""
+        return self.copy_gbs * 1e9
+
+    @property
+    def sgemm_flops(self) -> float:
+        return self.sgemm_gflops * 1e9
+
+    @property
+    def measured_under_load(self) -> bool:
+        """Other processes were using at least half the CPUs: the peaks read low."""
+        return self.load_at_measurement is not None and \
+            self.load_at_measurement >= 0.5 * self.logical_cpus
 
     def describe(self) -> str:
-        caches = ", ".join(f"{k} {v // 1024} KiB" for k, v in sorted(self.caches.items()))
-        return (f"{self.cpu}, {self.cores} cores; copy bandwidth {self.copy_bandwidth / 1e9:.1f} "
-                f"GB/s, numpy sgemm {self.sgemm_flops / 1e9:.0f} GFLOP/s; caches: {caches}")
+        text = (f"{self.cpu_model}, {self.logical_cpus} logical CPUs, "
+                f"{self.memory_gib:.0f} GiB; measured peaks: sgemm {self.sgemm_gflops:.0f} "
+                f"GFLOP/s (numpy), copy {self.copy_gbs:.1f} GB/s (read+write)")
+        if self.measured_under_load:
+            text += f" (measured under load {self.load_at_measurement:.1f}: peaks read low)"
+        return text
 
 
-_PROFILE: Optional[MachineProfile] = None
+def measure_machine() -> MachineInfo:
+    load = load_average()
+    return MachineInfo(
+        cpu_model=cpu_model(),
+        logical_cpus=os.cpu_count() or 1,
+        memory_gib=memory_gib(),
+        sgemm_gflops=measure_sgemm_gflops(),
+        copy_gbs=measure_copy_gbs(),
+        numpy_version=np.__version__,
+        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        load_at_measurement=load,
+        caches=cache_sizes(),
+    )
 
 
-def profile(refresh: bool = False) -> MachineProfile:
-    """The machine's profile, measured on first use and cached on disk."""
-    global _PROFILE
-    if _PROFILE is not None and not refresh:
-        return _PROFILE
-    key = f"{cpu_model()}|{cpu_cores()}"
-    path = cache_dir() / "machine.json"
-    stored = {}
-    if path.exists():
+def describe_machine(cache_dir_: Optional[Path] = None, refresh: bool = False) -> MachineInfo:
+    """The measured description of this machine, from the disk cache when it matches.
+
+    A measurement taken while the machine was busy is used once but not cached.
+    """
+    cache = Path(cache_dir_ or cache_dir()) / "machine.json"
+    key = {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count() or 1,
+           "numpy_version": np.__version__}
+    if not refresh and cache.exists():
         try:
-            stored = json.loads(path.read_text())
-        except (OSError, ValueError):
-            stored = {}
-    if key in stored and not refresh:
-        _PROFILE = MachineProfile(**stored[key])
-        return _PROFILE
-    _PROFILE = MachineProfile(cpu_model(), cpu_cores(), measure_copy_bandwidth(),
-                              measure_sgemm_flops(), cache_sizes())
-    stored[key] = asdict(_PROFILE)
-    path.write_text(json.dumps(stored, indent=1))
+            data = json.loads(cache.read_text())
+            if all(data.get(k) == v for k, v in key.items()):
+                return MachineInfo(**data)
+        except (ValueError, TypeError):
+            pass  # unreadable or from an older layout: measure again
+    info = measure_machine()
+    if not info.measured_under_load:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(dataclasses.asdict(info), indent=1))
+    return info
+
+
+_PROFILE: Optional[MachineInfo] = None
+
+
+def profile(refresh: bool = False) -> MachineInfo:
+    """This machine's description, measured once per process (and cached on disk)."""
+    global _PROFILE
+    if _PROFILE is None or refresh:
+        _PROFILE = describe_machine(refresh=refresh)
     return _PROFILE

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .harness import OK, SKIPPED, ModelResult
-from .machine import MachineInfo
+from ..machine import MachineInfo
 
 
 @dataclass(frozen=True)

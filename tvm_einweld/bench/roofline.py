@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .machine import MachineInfo
+from ..machine import MachineInfo
 
 _MOVEMENT_OPS = {"Reshape", "Transpose", "Gather", "Concat", "Split", "Flatten", "Squeeze",
                  "Unsqueeze", "Identity", "Slice", "Expand", "Shape", "Constant"}

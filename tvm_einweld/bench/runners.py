@@ -196,6 +196,28 @@ def _prepare_pytorch(model: onnx.ModelProto, trials: int, work_dir: Path) -> Run
     return run
 
 
+# ---- tvm_einweld ---------------------------------------------------------------------------
+def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
+    """The "einweld" pipeline (derivations, tile-graph fusion, adaptive-layout tuning when
+    `trials > 0`) then TVM's default lowering. The stage object is kept on the returned
+    function (`run.stages`) so callers can report what each stage found."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from ..einweld_pipeline import EinweldOptimize
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    stages = EinweldOptimize(host_target(), trials=trials, work_dir=str(work_dir))
+    with measurement_timeouts():
+        executable = tvm.compile(from_onnx(model), host_target(),
+                                 relax_pipeline=tvm.transform.Sequential(
+                                     [stages, relax.pipeline.default_build_pipeline()]))
+    run = vm_runner(executable, graph_input_names(model))
+    run.stages = stages
+    return run
+
+
 # ---- registry ------------------------------------------------------------------------------
 TVM_UNTUNED = Runner("tvm-untuned", _prepare_tvm_untuned,
                      "stock TVM, tvm.compile(mod, llvm) without tuning")
@@ -210,11 +232,14 @@ TVM_TUNED_NO_PREPACK = Runner("tvm-tuned-noprepack", _tvm_tuned(prepack=False),
                               "cpu_weight_prepack=False)")
 ONNXRUNTIME = Runner("onnxruntime", _prepare_onnxruntime,
                      "onnxruntime CPUExecutionProvider, all graph optimisations")
+EINWELD = Runner("tvm_einweld", prepare_einweld,
+                 "tvm_einweld pipeline: derivations + tile-graph fusion + adaptive layout tuning")
 PYTORCH = Runner("pytorch", _prepare_pytorch, "PyTorch CPU eager via onnx2torch",
                  unavailable=_pytorch_unavailable)
 
 RUNNERS: dict[str, Runner] = {
-    r.name: r for r in [TVM_UNTUNED, TVM_TUNED, TVM_TUNED_NO_PREPACK, ONNXRUNTIME, PYTORCH]
+    r.name: r for r in [TVM_UNTUNED, TVM_TUNED, TVM_TUNED_NO_PREPACK, ONNXRUNTIME, EINWELD,
+                         PYTORCH]
 }
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from ..models import get_model
 from .harness import ModelResult, TimingPlan, benchmark_model
-from .machine import describe_machine, load_average
+from ..machine import describe_machine, load_average
 from .report import SuiteResult
 from .runners import RUNNERS, Runner
 
@@ -26,7 +26,8 @@ from .runners import RUNNERS, Runner
 class BenchConfig:
     models: tuple[str, ...]
     batches: tuple[int, ...] = (1,)
-    runners: tuple[str, ...] = ("tvm-untuned", "tvm-tuned", "onnxruntime", "pytorch")
+    runners: tuple[str, ...] = ("tvm-untuned", "tvm-tuned", "onnxruntime", "tvm_einweld",
+                                "pytorch")
     trials: int = 0  # MetaSchedule trials per model, the same for every tuned runner
     baseline: str = "tvm-tuned"
     plan: TimingPlan = TimingPlan()

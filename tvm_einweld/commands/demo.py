@@ -133,9 +133,10 @@ def show_stages(stages) -> None:
 def run(args: argparse.Namespace) -> int:
     from tvm.relax.frontend.onnx import from_onnx
 
-    from tvm_einweld.bench.einweld_runner import prepare_einweld
     from tvm_einweld.bench.harness import OK, TimingPlan, benchmark_model
-    from tvm_einweld.bench.runners import ONNXRUNTIME, TVM_TUNED, TVM_UNTUNED, Runner
+    from tvm_einweld.bench.runners import (
+        ONNXRUNTIME, TVM_TUNED, TVM_UNTUNED, Runner, prepare_einweld,
+    )
     from tvm_einweld.cli import UserError
     from tvm_einweld.models import ZOO, build_model
 
