@@ -13,3 +13,7 @@ from .einweld_pipeline import EinweldOptimize, pipeline  # noqa: E402
 from .einweld_pipeline import register as _register_pipeline  # noqa: E402
 
 _register_pipeline()
+
+# Registers the numpy-BLAS GEMM that derived programs may call (R.call_dps_packed), so any
+# process that imports tvm_einweld can run modules and exported libraries that use it.
+from .relay_passes import numpy_gemm as _numpy_gemm  # noqa: E402,F401

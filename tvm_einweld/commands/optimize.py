@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         executable.export_library(args.output)
-        print(f"\nwrote {args.output}")
+        print(f"\nwrote {args.output} (load it in a process that has run `import tvm_einweld`: "
+              "derived programs may call its numpy-BLAS GEMM)")
     return 0
 
 

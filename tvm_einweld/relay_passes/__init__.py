@@ -39,6 +39,15 @@ def instantiate(expr, name: str = "main", **options):
     return _instantiate(expr, name, **options)
 
 
+def __getattr__(name):
+    """`DerivationTransform` loads lazily (it imports TVM and the search)."""
+    if name == "DerivationTransform":
+        from .derivation_transform import DerivationTransform
+
+        return DerivationTransform
+    raise AttributeError(name)
+
+
 def build(inst, target: str = "llvm"):
     from .instantiate import build as _build
 
@@ -51,5 +60,5 @@ __all__ = [
     "ExpressionSplitting", "Merged", "fuse",
     "merge_expressions", "TABLE", "Match", "expression_distance", "match", "SummationSplitting",
     "TraversalMerging", "SummationIteratorSplitting", "VariableSubstitution", "substitute",
-    "INTRA_RULES", "instantiate", "build",
+    "INTRA_RULES", "instantiate", "build", "DerivationTransform",
 ]
