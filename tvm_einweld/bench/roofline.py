@@ -12,7 +12,6 @@ The bound is max(FLOPs / sgemm peak, min_bytes / copy bandwidth); distance = lat
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np

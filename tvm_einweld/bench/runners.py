@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
@@ -56,11 +55,9 @@ def _prepare_onnxruntime(model: onnx.ModelProto, trials: int, work_dir: Path) ->
 # ---- TVM ------------------------------------------------------------------------------------
 def host_target():
     """The llvm target for this CPU: its -mcpu (vector ISA) and core count, for every TVM runner."""
-    import tvm
-    from tvm.target import codegen
+    from ..tir_passes.device import host_target as device_host_target
 
-    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(),
-                              "num-cores": os.cpu_count() or 1})
+    return device_host_target()
 
 
 def graph_input_names(model: onnx.ModelProto) -> list[str]:

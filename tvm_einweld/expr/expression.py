@@ -19,8 +19,8 @@ All classes are frozen dataclasses: hashable, comparable, safe to share between 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Dict, Iterator as PyIterator, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, replace
+from typing import Dict, Iterator as PyIterator, Sequence, Tuple, Union
 
 from . import index as ix
 from .index import IndexExpr, IndexLike, IVar, as_index

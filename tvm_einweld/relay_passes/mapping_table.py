@@ -280,7 +280,6 @@ def match_conv2d(expr: Expr) -> PyIterator[Match]:
 
 def match_g2bmm(expr: Expr) -> PyIterator[Match]:
     """G2BMM: Y is read at a function of i + d·j (j the band iterator, traversal, not in X)."""
-    row = TABLE["g2bmm"]
     trav = {it.name for it in expr.traversals}
     for x, y in _mappings(expr):
         sigs = signatures(expr, x, y)

@@ -18,11 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..machine import cache_dir
 
-
-def cache_dir() -> Path:
-    """Where measured device figures are kept ($TVM_EINWELD_CACHE or ~/.cache/tvm_einweld)."""
-    return Path(os.environ.get("TVM_EINWELD_CACHE", Path.home() / ".cache" / "tvm_einweld"))
 
 
 @dataclass(frozen=True)
