@@ -22,8 +22,8 @@ setup(
         "cloudpickle",
     ],
     extras_require={
-        # tornado: TVM's RPC tracker needs it (tests tune through RPC on loopback)
-        "test": ["pytest", "onnxruntime", "tornado"],
+        # tornado: TVM's RPC tracker (tests tune through RPC on loopback); matplotlib: charts
+        "test": ["pytest", "onnxruntime", "tornado", "matplotlib"],
         "plot": ["matplotlib"],
     },
     entry_points={"console_scripts": ["tvm-einweld=tvm_einweld.cli:main"]},
