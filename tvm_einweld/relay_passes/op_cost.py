@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from functools import lru_cache
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -25,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import machine
+from ..machine import best_seconds
 from ..expr import index as ix
 from ..expr.expression import (
     Access, Expr, Scope, Tensor, input_tensors, map_accesses, scopes,
@@ -254,26 +254,6 @@ def measure_module(mod, target: str = "llvm", repeats: int = 5) -> float:
         args.append(tvm.runtime.tensor(arr, dev))
     fn = vm["main"]
     return best_seconds(lambda: fn(*args), repeats=repeats)
-
-
-def best_seconds(fn, repeats: int = 5, min_time: float = 0.01) -> float:
-    """The fastest of `repeats` samples of `fn` (each looped for at least `min_time`).
-
-    The minimum, not the median: other processes on a shared machine only ever add time, and
-    a cached kernel time must not keep one unlucky sample.
-    """
-    fn()  # warm up
-    best = float("inf")
-    for _ in range(repeats):
-        loops, start = 0, time.perf_counter()
-        while True:
-            fn()
-            loops += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_time:
-                break
-        best = min(best, elapsed / loops)
-    return best
 
 
 def time_call(call, target: str = "llvm") -> float:
