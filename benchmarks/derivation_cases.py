@@ -36,6 +36,7 @@ import tvm
 from tvm import relax, te
 
 from tvm_einweld.expr import Tensor, random_inputs
+from tvm_einweld.machine import cpu_model
 from tvm_einweld.relay_passes import cases as C
 from tvm_einweld.relay_passes.eoperator import default_cpu_schedule
 from tvm_einweld.relay_passes.instantiate import instantiate
@@ -157,15 +158,7 @@ def copy_bandwidth(rounds: int, nbytes: int = 128 << 20) -> Tuple[float, float]:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, " \
            f"TVM {tvm.__version__}, Python {platform.python_version()}"
 

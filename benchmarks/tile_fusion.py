@@ -34,6 +34,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_einweld.machine import cpu_model
 from tvm_einweld.tir_passes import TileGraphFusion, prepare, workloads
 from tvm_einweld.tir_passes.device import host_target
 from tvm_einweld.tir_passes.scheduler import subgraph_tiling
@@ -220,23 +221,12 @@ def _header(args, target, topk, repeats, done, total) -> str:
         f" --only {' '.join(args.only)}" if args.only else "")
     partial = "" if done == total else f" (PARTIAL: {done} of {total} workloads finished)"
     return (f"Command: `{command}`{partial}  \n"
-            f"Machine: {_cpu_model()}, {os.cpu_count()} cores, target {target}  \n"
+            f"Machine: {cpu_model()}, {os.cpu_count()} cores, target {target}  \n"
             f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
             f"load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (other jobs share "
             f"the machine)  \n"
             f"TileGraphFusion top-k {topk}; latencies are medians of {repeats} alternating "
             f"samples.")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

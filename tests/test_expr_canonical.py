@@ -7,7 +7,7 @@ from tvm import relax
 
 from tvm_einweld.expr import Tensor, evaluate
 from tvm_einweld.expr import canonical as C
-from tvm_einweld.expr.from_relax import UnsupportedOperator, expr_of_call
+from tvm_einweld.expr.from_relax import UnsupportedOperator, expr_of_call, single_op_module
 from tvm_einweld.expr.lowering import build
 
 rng = np.random.default_rng(0)
@@ -15,14 +15,7 @@ rng = np.random.default_rng(0)
 
 def run_relax_op(make_call, shapes):
     """Build a one-op Relax function, compile it with TVM, run it; return (call, inputs, out)."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{k}", relax.TensorType(s, "float32")) for k, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(make_call(*params))
-        bb.emit_func_output(out)
-    mod = bb.get()
-    call = mod["main"].body.blocks[0].bindings[0].value
+    mod, call = single_op_module(make_call, shapes)
     inputs = [rng.uniform(-1, 1, s).astype("float32") for s in shapes]
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     result = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()

@@ -18,6 +18,7 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
+from ..machine import cpu_model
 from .build_fn import build_cpu_kernel
 from .selectors import make_selector
 from .strategies import args_info
@@ -129,13 +130,5 @@ def compare_task(mod, target, work_root, trials, variants=SINGLE_AND_ADAPTIVE, *
 
 
 def machine_description() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return f"{cpu}, {os.cpu_count()} logical cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"

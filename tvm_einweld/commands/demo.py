@@ -49,18 +49,17 @@ def operator_calls(mod) -> List[Tuple[str, object, List[str]]]:
 
 
 def _tvm_reference(call, inputs):
-    """Build the single operator with stock TVM and run it."""
+    """Build the single operator with stock TVM (its constant arguments kept) and run it."""
     import tvm
     from tvm import relax
 
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{k}", relax.TensorType(a.shape, str(a.dtype)))
-              for k, a in enumerate(inputs)]
-    with bb.function("main", params):
-        args = list(params) + list(call.args)[len(params):]
-        out = bb.emit(relax.Call(call.op, args, call.attrs, call.ty_args))
-        bb.emit_func_output(out)
-    vm = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())
+    from tvm_einweld.expr.from_relax import single_op_module
+
+    constants = list(call.args)[len(inputs):]
+    mod, _ = single_op_module(
+        lambda *params: relax.Call(call.op, list(params) + constants, call.attrs, call.ty_args),
+        [a.shape for a in inputs], str(inputs[0].dtype))
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
 
 

@@ -107,5 +107,18 @@ def expr_of_call(call: relax.Call, names: Sequence[str]) -> Expr:
     return expr
 
 
-__all__ = ["expr_of_call", "static_shape", "tensor_of", "op_name", "SUPPORTED_OPS",
+def single_op_module(make_call, shapes, dtype: str = "float32"):
+    """A Relax module whose `main(x0, x1, ...)` is the one call `make_call(x0, x1, ...)`, and
+    that call: how an operator is built alone with TVM to check its expression."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{k}", relax.TensorType(tuple(s), dtype)) for k, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(make_call(*params))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    return mod, mod["main"].body.blocks[0].bindings[0].value
+
+
+__all__ = ["expr_of_call", "single_op_module", "static_shape", "tensor_of", "op_name", "SUPPORTED_OPS",
            "UnsupportedOperator"]

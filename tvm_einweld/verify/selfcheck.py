@@ -67,17 +67,10 @@ def check_relax_op(name: str, make_call: Callable, shapes: Sequence[Tuple[int, .
     import tvm
     from tvm import relax
 
-    from ..expr.from_relax import expr_of_call
+    from ..expr.from_relax import expr_of_call, single_op_module
 
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{k}", relax.TensorType(s, "float32")) for k, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(make_call(*params))
-        bb.emit_func_output(out)
-    mod = bb.get()
-    call = mod["main"].body.blocks[0].bindings[0].value
-    names = [p.name for p in params]
+    mod, call = single_op_module(make_call, shapes)
+    names = [f"x{k}" for k in range(len(shapes))]
     expr = expr_of_call(call, names)
     vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     pairs = []
