@@ -123,6 +123,7 @@ def main(argv=None) -> int:
     search = ms.search_strategy.EvolutionarySearch(population_size=settings["population"])
     work_root = args.work_dir or tempfile.mkdtemp(prefix="einweld-layout-bench-")
     blocks: list[Conv2dBlock] = list(RESNET50_BLOCKS[: settings["tasks"]])
+    command = ("python benchmarks/layout_tuning.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     start = time.time()
     rows = []
     for block in blocks:
@@ -133,12 +134,12 @@ def main(argv=None) -> int:
         )
         rows.append((block, results))
         print(f"{block.name}: " + ", ".join(f"{r.variant.label} {msec(r.secs)} ms" for r in results), flush=True)
-    command = "python benchmarks/layout_tuning.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = report(rows, labels, settings, command.strip(), time.time() - start)
+        # Written after every task, so that a long run stopped part-way still leaves its table.
+        text = report(rows, labels, settings, command, time.time() - start)
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(text)
     print(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
     return 0
 
 

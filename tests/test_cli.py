@@ -39,7 +39,8 @@ def test_invalid_onnx_file_is_reported(tmp_path):
 
 
 def test_optimize_exports_a_checked_library(tmp_path):
-    """A small ONNX model through `optimize`: checked against onnxruntime, library written."""
+    """A small ONNX model through `optimize`: checked against onnxruntime, library written,
+    every derivation logged."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     import numpy as np
@@ -54,7 +55,14 @@ def test_optimize_exports_a_checked_library(tmp_path):
     path = tmp_path / "tiny.onnx"
     onnx.save(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]),
               path)
-    out = cli("optimize", str(path), "-o", str(tmp_path / "tiny.so"), "--no-derive")
+    log = tmp_path / "rewrites.jsonl"
+    out = cli("optimize", str(path), "-o", str(tmp_path / "tiny.so"), "--log", str(log))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "check against onnxruntime on random inputs: ok" in out.stdout
     assert (tmp_path / "tiny.so").stat().st_size > 0
+    # --log: one JSON record per subprogram the derivation search saw (here the conv).
+    import json
+
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["ops"][0] for r in records] == ["relax.nn.conv2d"]
+    assert {"rules", "verified", "est_time_s", "orig_time_s"} <= set(records[0]["chosen"])

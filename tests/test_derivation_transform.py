@@ -69,6 +69,27 @@ def test_conv_relu_conv_same_results():
         assert rec["chosen"]["est_time_s"] <= rec["chosen"]["orig_time_s"]
 
 
+def test_rewrite_log_instrument_receives_records_from_a_pipeline(tmp_path):
+    """The PassContext way to log: a RewriteLog instrument sees the pass also when it runs
+    nested inside the einweld pipeline's pass, and writes the same records as JSON lines."""
+    import json
+
+    from tvm_einweld.einweld_pipeline import EinweldOptimize
+    from tvm_einweld.relay_passes import RewriteLog
+
+    path = tmp_path / "rewrites.jsonl"
+    sink = RewriteLog(path)
+    with tvm.transform.PassContext(instruments=[sink]):
+        EinweldOptimize("llvm", fuse=False, derive_options=SMALL)(conv_relu_conv())
+    assert len(sink.records) == 2 and all(r["ops"] == ["relax.nn.conv2d"] for r in sink.records)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines == sink.records
+    assert all("rules" in r["chosen"] and "verified" in r["chosen"] for r in lines)
+    # Outside the context nothing is logged any more.
+    DerivationTransform(**SMALL)(conv_relu_conv())
+    assert len(sink.records) == 2
+
+
 def test_forced_rewrites_are_verified_and_correct():
     """With the gain requirement off, the cheapest derived program by estimate is applied: the
     rewrite path itself (instantiation, splicing, FoldConstant) must keep the results."""

@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the compiled library here (e.g. model.so)")
     parser.add_argument("--no-derive", action="store_true", help="skip the derivation search")
     parser.add_argument("--no-fuse", action="store_true", help="skip tile-graph fusion")
+    parser.add_argument("--log", default=None, metavar="FILE",
+                        help="append one JSON line per subprogram the derivation search saw "
+                             "(rules, verification, estimated and measured times)")
 
 
 def _target(text: str):
@@ -47,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from ..einweld_pipeline import EinweldOptimize
     from ..expr.from_relax import SUPPORTED_OPS
+    from ..relay_passes.rewrite_log import RewriteLog
     from .demo import operator_calls, show_stages
     from .derive import load_onnx_as_relax
 
@@ -64,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
                              layout_strategy=args.strategy)
     print(f"compiling {args.model} for {target.kind.name} ...", flush=True)
     start = time.perf_counter()
-    executable = tvm.compile(mod, target, relax_pipeline=tvm.transform.Sequential(
-        [stages, relax.pipeline.default_build_pipeline()]))
+    instruments = [RewriteLog(args.log)] if args.log else []
+    with tvm.transform.PassContext(instruments=instruments):
+        executable = tvm.compile(mod, target, relax_pipeline=tvm.transform.Sequential(
+            [stages, relax.pipeline.default_build_pipeline()]))
     print(f"compiled in {time.perf_counter() - start:.1f} s\n")
     show_stages(stages)
     if target.kind.name == "llvm":

@@ -17,6 +17,9 @@ Modules, one idea each:
   eoperator              eOperators as scheduled TE kernels
   instantiate            expressions → Relax (matmul, conv2d, G2BMM kernel, eOperators)
   cases                  the paper's motivating derivations as fixed rule sequences
+  search                 distance-guided derivation search (explorative + converging)
+  derivation_transform   DerivationTransform, the Relax module pass (Algorithm 1)
+  rewrite_log            RewriteLog, a PassContext instrument logging every rewrite as JSON
 """
 from .boundary import BoundaryRelaxing, BoundaryTightening
 from .derivation import Candidate, Derivation, Rule, RuleNotApplicable, apply_at, check, locations
@@ -40,11 +43,15 @@ def instantiate(expr, name: str = "main", **options):
 
 
 def __getattr__(name):
-    """`DerivationTransform` loads lazily (it imports TVM and the search)."""
+    """`DerivationTransform` and `RewriteLog` load lazily (they import TVM)."""
     if name == "DerivationTransform":
         from .derivation_transform import DerivationTransform
 
         return DerivationTransform
+    if name == "RewriteLog":
+        from .rewrite_log import RewriteLog
+
+        return RewriteLog
     raise AttributeError(name)
 
 
@@ -60,5 +67,5 @@ __all__ = [
     "ExpressionSplitting", "Merged", "fuse",
     "merge_expressions", "TABLE", "Match", "expression_distance", "match", "SummationSplitting",
     "TraversalMerging", "SummationIteratorSplitting", "VariableSubstitution", "substitute",
-    "INTRA_RULES", "instantiate", "build", "DerivationTransform",
+    "INTRA_RULES", "instantiate", "build", "DerivationTransform", "RewriteLog",
 ]

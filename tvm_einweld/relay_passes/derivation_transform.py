@@ -30,11 +30,11 @@ derived by proven rules, instantiated, and then checked end to end on random inp
 the original subprogram; anything unverified is not applied.
 
 `log` (a path, or a list) receives one JSON record per subprogram: rule sequence, verification
-evidence, estimated and measured times.
+evidence, estimated and measured times; so does every `RewriteLog` instrument of the current
+`PassContext` (`rewrite_log.py`), which also reaches the pass inside a pipeline.
 """
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from dataclasses import dataclass, field, replace
@@ -55,6 +55,7 @@ from .op_cost import (
     EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, program_seconds, roofline_seconds,
     time_call,
 )
+from .rewrite_log import active_logs, write_records
 from .search import Budget, SearchResult, SearchStats, State, default_rules, \
     default_targets, distance_guided_search
 from .subprograms import OpNode, Subprogram, matching_symbols, rebuild_function, split_module
@@ -537,15 +538,9 @@ class DerivationTransform:
         return out
 
     def _write_log(self, results: Sequence[SubprogramResult]) -> None:
-        if self.log is None:
+        if self.log is None and not active_logs():
             return
-        records = [r.to_json(detail=True) for r in results]
-        if isinstance(self.log, list):
-            self.log.extend(records)
-            return
-        with open(self.log, "a") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec) + "\n")
+        write_records([r.to_json(detail=True) for r in results], self.log)
 
 
 def _unchanged(sub: Subprogram, why: str) -> SubprogramResult:
