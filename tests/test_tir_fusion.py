@@ -132,7 +132,8 @@ def test_planted_wrong_kernel_is_rejected(monkeypatch):
     mod = relax.transform.LegalizeOps()(workloads.matmul_softmax(128, 32, 64))
 
     monkeypatch.setattr(fusion_mod.KernelFactory, "kernel",
-                        lambda self, sub, config: wrong_kernel if len(sub.nodes) == 2 else None)
+                        lambda self, sub, config, inner=(): wrong_kernel if len(sub.nodes) == 2
+                        else None)
     fuse = TileGraphFusion("llvm", topk=1, measure=False)
     out = fuse(mod)
     assert fuse.report.rejected and not fuse.report.replaced
@@ -143,8 +144,8 @@ def test_planted_wrong_kernel_is_rejected(monkeypatch):
     # With real single-node kernels the fallback tiles matmul and softmax separately.
     monkeypatch.setattr(
         fusion_mod.KernelFactory, "kernel",
-        lambda self, sub, config: wrong_kernel if len(sub.nodes) == 2
-        else real_kernel(self, sub, config))
+        lambda self, sub, config, inner=(): wrong_kernel if len(sub.nodes) == 2
+        else real_kernel(self, sub, config, inner))
     fuse = TileGraphFusion("llvm", topk=1, measure=False)
     out = fuse(mod)
     assert sorted(fuse.report.replaced) == sorted((n.name,) for n in

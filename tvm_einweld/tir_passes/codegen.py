@@ -7,6 +7,16 @@
    plan's tile propagation), and maps the
    tile loop to the device: a parallel loop with vectorised inner loops on CPU, `blockIdx.x` with
    `threadIdx.x` inner loops on CUDA.
+   The scheduler's upper-level sub-tiles (one per node, see scheduler.py) shape the loops under
+   the tile loop of the block that writes each node's output (`block_sub_tiles`): its spatial loops
+   are split by the sub-tile, sub-tile loops outside, the sub-tile's own loops and reductions
+   inside. On CPU the inner nest then works on an L1-sized sub-tile and vectorises its innermost
+   dimension as before. On CUDA a reduction block gets a per-thread register tile: the sub-tile
+   loops are the block's `threadIdx.x` (threads = tile / sub-tile), each thread accumulates its
+   sub-tile in `local` registers and writes it once to the shared (or global) tile. Blocks without
+   a sub-tile, and CUDA blocks without a reduction (no reuse to gain, and a contiguous chunk per
+   thread would break coalescing), keep the plain mapping; intermediates stay in the fuse level's
+   tile buffers either way.
 3. `LocalizeIntermediates` (localize.py) turns the global intermediates into tile buffers.
 
 A pattern the schedule primitives reject raises `Unsupported`; the caller leaves it unfused.
@@ -16,9 +26,10 @@ from __future__ import annotations
 import tvm
 from tvm import relax, s_tir, tirx
 
+from .cost import TileConfig, propagate_subgraph
 from .device import Device
 from .localize import LocalizeError, localize
-from .propagate import leaf_block_rvs
+from .propagate import leaf_block_rvs, leaf_blocks
 from .tile_graph import SubGraph, TileGraph
 
 
@@ -64,13 +75,38 @@ def _writes_output(block, out_buffer) -> bool:
     return any(w.source.same_as(out_buffer) for w in block.writes)
 
 
+def block_sub_tiles(graph: TileGraph, sub: SubGraph, func: tirx.PrimFunc, config: TileConfig,
+                    inner) -> dict:
+    """{block index: (tile extents, sub-tile)} for `schedule_group`, from scheduler SubTiles.
+
+    FuseTIR inlines the nodes' blocks in node order, so the block writing node n's output is the
+    last of n's blocks; its spatial loops under the tile loop span the node's propagated tile.
+    Only the first upper level is generated (the devices modelled have one above the fuse level).
+    Empty when the merged func's blocks do not line up with the nodes' (nothing is sub-tiled).
+    """
+    if not inner:
+        return {}
+    plan = propagate_subgraph(graph, sub, config)
+    by_node = {t.node: t for t in inner}
+    out, index = {}, 0
+    for node in sub.nodes:
+        index += len(leaf_blocks(node.func))
+        if node.name in by_node:
+            out[index - 1] = (tuple(plan.tiles[node.output]), by_node[node.name].config.tile)
+    return out if index == len(leaf_blocks(func)) else {}
+
+
 def schedule_group(func: tirx.PrimFunc, tile, device: Device,
-                   planned_bytes: int | None = None) -> tirx.PrimFunc:
+                   planned_bytes: int | None = None, sub_tiles: dict | None = None
+                   ) -> tirx.PrimFunc:
     """Tile `func`'s output by `tile`, compute producers at the tile loop, map to the device.
 
     `planned_bytes`: the model's bytes of all intermediate tiles of one tile; the generated
-    kernel may not need more (see localize.py).
+    kernel may not need more (see localize.py). `sub_tiles`: `block_sub_tiles`' map of the
+    upper-level sub-tile per block (module docstring); a block whose loops under the tile loop do
+    not match its entry is left as without one.
     """
+    sub_tiles = sub_tiles or {}
     sch = s_tir.Schedule(func)
     out_buffer = func.params[-1]
     rvs = leaf_block_rvs(sch)
@@ -87,11 +123,19 @@ def schedule_group(func: tirx.PrimFunc, tile, device: Device,
         depth = 1  # the fused tile loop is the outermost loop of every block
         if device.kind == "cpu":
             sch.parallel(tile_loop)
-            for rv in leaf_block_rvs(sch):
-                _vectorize_inner(sch, rv, depth)
+            for index, rv in enumerate(rvs):
+                outers = _split_sub_tile(sch, rv, depth, sub_tiles.get(index))
+                _vectorize_inner(sch, rv, depth + len(outers))
         else:
             sch.bind(tile_loop, "blockIdx.x")
-            for rv in leaf_block_rvs(sch):
+            for index, rv in enumerate(rvs):
+                spec = sub_tiles.get(index)
+                if spec is not None and _count(*spec) == device.threads and (
+                        _split_loops(sch, rv, depth)[1]):
+                    outers = _split_sub_tile(sch, rv, depth, spec)
+                    if outers:
+                        _bind_register_tile(sch, rv, depth, outers)
+                        continue
                 _bind_threads(sch, rv, depth, device.threads)
         scope = "local" if device.kind == "cpu" else "shared"
         return localize(sch.mod["main"], scope, planned_bytes)
@@ -125,6 +169,55 @@ def _tile_output(sch, out_rv, out_buffer, tile):
         inners.append(inner)
     sch.reorder(*outers, *inners)
     return outers[-1]
+
+
+def _count(extents, sizes) -> int:
+    out = 1
+    for e, s in zip(extents, sizes):
+        out *= -(-int(e) // int(s))
+    return out
+
+
+def _split_sub_tile(sch, rv, depth, spec) -> list:
+    """Split the block's spatial loops under the tile loop by the sub-tile of `spec`.
+
+    Returns the sub-tile loops (outermost first), placed above the sub-tile's own spatial loops
+    and its reductions; [] (and no change) when the loops do not span the expected tile or the
+    sub-tile does not divide it, or when it is the whole tile.
+    """
+    if spec is None:
+        return []
+    extents, sizes = spec
+    spatial, reduce = _split_loops(sch, rv, depth)
+    have = [int(sch.get(l).extent) for l in spatial]
+    if (have != [int(e) for e in extents] or len(sizes) != len(have)
+            or any(e % int(s) for e, s in zip(have, sizes)) or list(sizes) == have):
+        return []
+    outers, inners = [], []
+    for loop, size in zip(spatial, sizes):
+        outer, inner = sch.split(loop, [None, int(size)])
+        outers.append(outer)
+        inners.append(inner)
+    sch.reorder(*outers, *inners, *reduce)
+    return outers
+
+
+def _bind_register_tile(sch, rv, depth, outers) -> None:
+    """CUDA: one sub-tile per thread, accumulated in registers and written back once.
+
+    The reduction loops go outside the sub-tile's unrolled loops, so each step's operands are
+    loaded once and reused by all accumulators of the sub-tile (an outer product per step), and
+    the accumulator array is indexed by constants only (registers, not local memory).
+    """
+    thread = sch.fuse(*outers) if len(outers) > 1 else outers[0]
+    sch.bind(thread, "threadIdx.x")
+    inners, reduce = _split_loops(sch, rv, depth + 1)  # the loops under the thread loop
+    sch.reorder(*reduce, *inners)
+    write_back = sch.cache_write(rv, 0, "local")
+    sch.reverse_compute_at(write_back, thread, preserve_unit_loops=True)
+    sch.decompose_reduction(rv, reduce[0])
+    for loop in inners:
+        sch.unroll(loop)
 
 
 def _split_loops(sch, rv, depth):

@@ -12,6 +12,13 @@ records, for one output tile, the tile of every tensor and of every buffer inter
   reduction are streamed in steps of `rstep` along it.
 * Parallelism: a tile count that leaves parallel units idle in the last wave inflates the traffic
   by the inverse of the utilisation, so that tiles too large to keep the device busy lose.
+
+`sub_tile_cost` prices one level further up (Welder's recursion of SubGraphTiling): one node's
+sub-tile inside its tile of the level below. Nothing is connected above the fuse level (the code
+generator keeps intermediates in the fuse level's tile buffers), so at an upper level every node
+is its own sub-graph: its sub-tiles read their inputs from, and write their output to, the level
+below, in that level's buffers (the whole tensor for a tensor that lives in DRAM, the tile buffer
+for a connected intermediate), counted in whole transactions of the upper level.
 """
 from __future__ import annotations
 
@@ -187,6 +194,39 @@ def mem_footprint(graph: TileGraph, sub: SubGraph, plan: TilePlan, device: Devic
         buffers.append((int(np.prod(extents, dtype=np.int64)) * np.dtype(dtype).itemsize,
                         step, step))
     return best_fit(buffers, device.level(device.fuse_level).transaction)
+
+
+def sub_tile_cost(graph: TileGraph, node, config: TileConfig, parent, parents: int,
+                  buffer_shapes: dict, level: int, device: Device) -> TileCost:
+    """Traffic and footprint of node `node` tiled by `config.tile` at memory `level`.
+
+    `parent` is the node's tile one level down (the sub-tile splits it; a sub-tile that does not
+    divide it is counted rounded up) and `parents` how many such tiles the whole run has.
+    `buffer_shapes` maps tensors held in a tile buffer one level down to that buffer's shape (the
+    run of a row that is contiguous there); other tensors are laid out as in DRAM.
+    Traffic: input and output sub-tiles of every sub-tile, in transactions of `level`.
+    Footprint: the sub-tile's inputs (streamed by `config.rstep` along a reduction), its output and
+    node-internal buffers, all live at once (a single node has no lifetimes to overlap).
+    `num_tiles` is the number of sub-tiles of the whole run; `utilization` is 1 (the scheduler
+    applies the level's own constraints, e.g. CUDA threads per block).
+    """
+    single = SubGraph((node,), tuple(dict.fromkeys(node.inputs)), node.output)
+    plan = propagate_subgraph(graph, single, config)
+    count = _count_tiles(parent, config.tile)
+    txn = device.level(level).transaction
+    per_tile = 0
+    footprint = 0
+    for tensor in (*single.inputs, node.output):
+        if tensor not in plan.tiles:
+            continue  # an input the output does not depend on
+        meta = graph.tensors[tensor]
+        itemsize = np.dtype(meta.dtype).itemsize
+        shape = buffer_shapes.get(tensor, meta.shape)
+        per_tile += transfer_bytes(plan.tiles[tensor], shape, itemsize, txn)
+        footprint += int(np.prod(plan.step_tiles[tensor], dtype=np.int64)) * itemsize
+    for _, _, extents, dtype in plan.internal:
+        footprint += int(np.prod(extents, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return TileCost(per_tile * count * parents, footprint, count * parents, 1.0)
 
 
 def tile_cost(graph: TileGraph, sub: SubGraph, config: TileConfig, device: Device) -> TileCost:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import ir, relax, tirx
 
-from .codegen import Unsupported, group_prim_func, schedule_group
+from .codegen import Unsupported, block_sub_tiles, group_prim_func, schedule_group
 from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, cpu_device, device_for_target
 from .localize import LocalizeError
@@ -94,12 +94,16 @@ class KernelFactory:
             return self.device.level(self.device.fuse_level).capacity
         return intermediate_bytes(self.graph, sub, propagate_subgraph(self.graph, sub, config))
 
-    def kernel(self, sub: SubGraph, config: TileConfig) -> tirx.PrimFunc | None:
-        key = (sub.names, config.tile)
+    def kernel(self, sub: SubGraph, config: TileConfig, inner=()) -> tirx.PrimFunc | None:
+        """The kernel of `sub` tiled by `config`, with the upper-level sub-tiles `inner`
+        (`Candidate.inner`); None when it cannot be generated."""
+        key = (sub.names, config.tile, tuple((t.node, t.config.tile) for t in inner))
         if key not in self._kernels:
             try:
                 planned = self._planned_bytes(sub, config) if self.check_plan else None
-                func = schedule_group(self.merged(sub), config.tile, self.device, planned)
+                merged = self.merged(sub)
+                sub_tiles = block_sub_tiles(self.graph, sub, merged, config, inner)
+                func = schedule_group(merged, config.tile, self.device, planned, sub_tiles)
                 func = func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
             except (Unsupported, LocalizeError) as err:
                 logger.info("group %s tile %s not generated: %s", sorted(sub.names),
@@ -142,7 +146,7 @@ class TileGraphFusion:
         while pending:
             sub, cand = pending.pop(0)
             names = tuple(n.name for n in sub.nodes)
-            func = factory.kernel(sub, cand.config)
+            func = factory.kernel(sub, cand.config, cand.inner)
             result = None
             if func is None:
                 result = CheckResult(False, float("inf"), "kernel could not be generated")
@@ -174,7 +178,7 @@ class TileGraphFusion:
         """Seconds of a candidate: measured, or estimated once its kernel is known to build."""
 
         def evaluate(sub: SubGraph, cand: Candidate):
-            func = factory.kernel(sub, cand.config)
+            func = factory.kernel(sub, cand.config, cand.inner)
             if func is None:
                 return None
             if not self.measure:
@@ -193,7 +197,7 @@ class TileGraphFusion:
             return check_group(func, graph, sub, self.target)
         # The CPU twin only checks the numbers of the plan; the CUDA kernel had its own checks.
         cpu = KernelFactory(graph, cpu_device(), check_plan=False)
-        twin = cpu.kernel(sub, cand.config)
+        twin = cpu.kernel(sub, cand.config, cand.inner)
         if twin is None:
             return CheckResult(False, float("inf"), "no CPU twin of the plan to check")
         return check_group(twin, graph, sub, "llvm")

@@ -3,7 +3,14 @@
 * `subgraph_tiling` (SubGraphTiling): enumerate output tiles of a sub-graph Roller-style — start
   from the unit tile and grow one dimension at a time to the next divisor of its extent, best
   candidates first — propagate each one, drop those whose footprint exceeds the connected level's
-  capacity (trying smaller reduction steps first), and keep the top-k by penalised traffic.
+  capacity (trying smaller reduction steps first), and keep the top-k by penalised traffic. Then it
+  recurses to the upper memory levels (Figure 7, lines 19-24): for each top-k tile it extracts the
+  sub-graphs of the next level and runs SubGraphTiling on them inside that tile. Edges are only
+  connected at the fuse level (the code generator keeps intermediates in the fuse level's tile
+  buffers, never in L1 or registers across operators), so above it every node is its own
+  sub-graph: `_node_tiling` enumerates sub-tiles of the node's tile (its propagated output tile),
+  checks the level's capacity, keeps the top-k by that level's traffic and recurses again. A
+  candidate is thus the fuse-level `TileConfig` plus one `SubTile` chain per node.
 * `graph_connecting` (GraphConnecting): visit the nodes in topological order and, for each output
   edge, compare connecting it at the fast level (the producer's and consumer's groups become one
   kernel) with leaving it in DRAM; each side is priced by measuring its top-k tile configurations
@@ -11,19 +18,33 @@
   SetConnect is the union of the two groups (and the `connected` edge set); Propagate is
   `cost.propagate_subgraph`.
 
+Ranking across levels. By the paper's inter-layer independence, the traffic of level i depends
+only on the tile of level i: a sub-tile cannot change the DRAM traffic of the tile it splits, and
+the best sub-tile of one tile is found without looking at the others. So the fuse-level tiles are
+ranked by DRAM traffic (the penalised `TileCost.score`), as before, and each one takes the upper
+levels' best chain; the upper levels' time (sum of traffic / bandwidth) only breaks ties between
+tiles of equal DRAM traffic. Summing all levels into the primary key would let the weakest figures
+decide: the CPU's L1 bandwidth is a numpy-copy lower bound and the GPU's on-chip bandwidths are
+data-sheet guesses, while the groups scheduled here are bound by DRAM. The final choice among the
+top-k is measured on the target anyway, with the upper-level tiles in the generated code.
+
+Level constraints above the fuse level: on CPU a sub-tile's working set (its input panels over
+the whole reduction, which the inner loops reuse, plus its output) must fit L1. On CUDA the upper
+level is the per-thread register tile: the block's `device.threads` threads each own one sub-tile
+(threads = tile / sub-tile), the reduction is streamed one step at a time through registers, and
+the registers one thread needs must fit its share of the register file (and 255 registers).
+
 Only single-output groups are formed (a tensor read by several nodes, or returned, stays in
 DRAM): that is where the code generator's compute_at rewrite applies.
-The code generator keeps connected tiles at one fast level (`device.fuse_level`); the register
-level is what its inner vectorised (CPU) or per-thread (CUDA) loops use, not scheduled here.
 """
 from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .cost import TileConfig, TileCost, tile_cost
+from .cost import TileConfig, TileCost, propagate_subgraph, sub_tile_cost, tile_cost
 from .device import Device
 from .tile_graph import SubGraph, TileGraph, subgraph
 
@@ -31,9 +52,37 @@ _RSTEPS = (None, 32, 8, 1)
 
 
 @dataclass(frozen=True)
-class Candidate:
+class SubTile:
+    """SubGraphTiling's choice for one node at an upper memory level.
+
+    `config.tile` splits the node's tile one level down (its output tile; the sizes divide it);
+    `cost` is the traffic between that level and `level`, and the footprint of one sub-tile at
+    `level`; `inner` is the chosen sub-tile one level further up, if any.
+    """
+
+    node: str
+    level: int
     config: TileConfig
     cost: TileCost
+    inner: "SubTile | None" = None
+
+    def chain(self) -> tuple["SubTile", ...]:
+        return (self,) + (self.inner.chain() if self.inner is not None else ())
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A fuse-level tile of a group (`config`, priced by `cost`) and, per node, its chain of
+    sub-tiles at the levels above (`inner`; nodes without a fitting sub-tile have none)."""
+
+    config: TileConfig
+    cost: TileCost
+    inner: tuple[SubTile, ...] = ()
+
+    def upper_seconds(self, device: Device) -> float:
+        """Time of the levels above the fuse level: their traffic over their bandwidth."""
+        return sum(t.cost.traffic / device.level(t.level).bandwidth
+                   for s in self.inner for t in s.chain())
 
 
 @dataclass(frozen=True)
@@ -71,21 +120,24 @@ def _fit(graph, sub, tile, device) -> Candidate | None:
     return None
 
 
-def subgraph_tiling(graph: TileGraph, sub: SubGraph, device: Device, topk: int = 4,
-                    budget: int = 40) -> list[Candidate]:
-    """SubGraphTiling at the fuse level: the top-k tiles by penalised traffic that fit."""
-    shape = graph.tensors[sub.output].shape
+def _roller(shape, price, budget: int) -> list:
+    """Roller-style expansion over tiles of `shape`, best first; returns the accepted items.
+
+    `price(tile)` returns (item or None, score, grow): the item is accepted when not None; a tile
+    is grown further (one dimension to its next divisor) when `grow`. Growth is monotone in the
+    footprint, so a tile that does not fit is not grown; one rejected for another reason (too
+    many CUDA threads) still is.
+    """
     start = tuple(1 for _ in shape)
     seen = {start}
-    found: list[Candidate] = []
-    first = _fit(graph, sub, start, device)
-    if first is None:
-        return []
-    frontier = [(first.cost.score, start, first)]
+    found = []
+    item, score, grow = price(start)
+    frontier = [(score, start, item)] if grow or item is not None else []
     evaluated = 1
     while frontier and evaluated < budget:
-        _, tile, cand = heapq.heappop(frontier)
-        found.append(cand)
+        _, tile, item = heapq.heappop(frontier)
+        if item is not None:
+            found.append(item)
         for dim, size in enumerate(tile):
             grown = _next_divisor(int(shape[dim]), size)
             if grown is None:
@@ -95,12 +147,103 @@ def subgraph_tiling(graph: TileGraph, sub: SubGraph, device: Device, topk: int =
                 continue
             seen.add(nxt)
             evaluated += 1
-            fitted = _fit(graph, sub, nxt, device)
-            if fitted is not None:
-                heapq.heappush(frontier, (fitted.cost.score, nxt, fitted))
-    found.extend(c for _, _, c in frontier)
+            item, score, grow = price(nxt)
+            if grow:
+                heapq.heappush(frontier, (score, nxt, item))
+            elif item is not None:
+                found.append(item)
+    found.extend(i for _, _, i in frontier if i is not None)
+    return found
+
+
+def subgraph_tiling(graph: TileGraph, sub: SubGraph, device: Device, topk: int = 4,
+                    budget: int = 40) -> list[Candidate]:
+    """SubGraphTiling at the fuse level, recursing to the levels above (module docstring).
+
+    Returns the top-k fuse-level tiles that fit, ranked by penalised DRAM traffic (ties: the
+    upper levels' time, then the larger tile), each with its best upper-level sub-tiles.
+    """
+    shape = graph.tensors[sub.output].shape
+
+    def price(tile):
+        cand = _fit(graph, sub, tile, device)
+        return (cand, cand.cost.score, True) if cand is not None else (None, 0.0, False)
+
+    found = _roller(shape, price, budget)
     found.sort(key=lambda c: (c.cost.score, -_volume(c.config.tile)))
-    return found[:topk]
+    top = [_with_upper_levels(graph, sub, c, device, topk) for c in found[:topk]]
+    top.sort(key=lambda c: (c.cost.score, c.upper_seconds(device), -_volume(c.config.tile)))
+    return top
+
+
+def _with_upper_levels(graph, sub, cand: Candidate, device: Device, topk: int) -> Candidate:
+    """The candidate with each node's best sub-tile chain above the fuse level."""
+    level = device.fuse_level + 1
+    if level >= len(device.levels):
+        return cand
+    plan = propagate_subgraph(graph, sub, cand.config)
+    # Connected intermediates live in tile buffers of the fuse level; the rest keep their layout.
+    buffers = {t: plan.tiles[t] for t in sub.intermediates}
+    inner = []
+    for node in sub.nodes:
+        tiles = _node_tiling(graph, node, plan.tiles[node.output], plan.num_tiles, buffers,
+                             level, device, topk)
+        if tiles:
+            inner.append(tiles[0])
+    return replace(cand, inner=tuple(inner))
+
+
+# Per level kind, the reduction steps a sub-tile may use: the CPU's inner loops sweep the whole
+# reduction of a sub-tile (its panels stay in L1); a CUDA thread streams it one step at a time.
+_UPPER_RSTEPS = {"cpu": (None,), "cuda": (1,)}
+_MAX_THREAD_REGISTER_BYTES = 255 * 4
+
+
+def _node_tiling(graph, node, parent, parents: int, buffers, level: int, device: Device,
+                 topk: int, budget: int = 24) -> list[SubTile]:
+    """SubGraphTiling of one node at `level` inside its tile `parent` of the level below.
+
+    The top-k sub-tiles by that level's traffic (ties: larger first) that fit the level, each
+    with its best chain further up; sorted by (traffic here, time further up).
+    """
+    capacity = device.level(level).capacity
+    cuda = device.kind == "cuda"
+
+    def price(tile):
+        count = _count(parent, tile)
+        limit = capacity
+        if cuda:  # one sub-tile per thread: its share of the register file, at most 255 registers
+            limit = min(_MAX_THREAD_REGISTER_BYTES, capacity // device.threads)
+        for rstep in _UPPER_RSTEPS[device.kind]:
+            config = TileConfig(tuple(int(t) for t in tile), rstep)
+            cost = sub_tile_cost(graph, node, config, parent, parents, buffers, level, device)
+            if cost.footprint <= limit:
+                ok = count == device.threads if cuda else True
+                return (SubTile(node.name, level, config, cost) if ok else None,
+                        cost.score, True)
+        return None, 0.0, False
+
+    found = _roller(parent, price, budget)
+    found.sort(key=lambda t: (t.cost.score, -_volume(t.config.tile)))
+    found = found[:topk]
+    if level + 1 < len(device.levels):
+        found = [replace(t, inner=next(iter(_node_tiling(
+            graph, node, t.config.tile, t.cost.num_tiles, buffers, level + 1, device, topk)),
+            None)) for t in found]
+
+    def upper(t):
+        return sum(u.cost.traffic / device.level(u.level).bandwidth
+                   for u in (t.inner.chain() if t.inner else ()))
+
+    found.sort(key=lambda t: (t.cost.score, upper(t), -_volume(t.config.tile)))
+    return found
+
+
+def _count(parent, tile) -> int:
+    out = 1
+    for p, t in zip(parent, tile):
+        out *= -(-int(p) // int(t))
+    return out
 
 
 def _volume(tile) -> int:
