@@ -1,4 +1,6 @@
 """TileGraphFusion end to end: fused modules equal the unfused ones after tvm.compile."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import tvm
@@ -7,6 +9,8 @@ from tvm import relax
 from tvm_einweld.tir_passes import (TileGraphFusion, compile_pipeline, pipeline, prepare,
                                     workloads)
 from tvm_einweld.tir_passes import fusion as fusion_mod
+from tvm_einweld.tir_passes.cost import propagate_subgraph
+from tvm_einweld.tir_passes.device import MemoryLevel, cpu_device
 from tvm_einweld.tir_passes.localize import allocations
 from tvm_einweld.tir_passes.measure import generated_source
 
@@ -77,6 +81,67 @@ def test_bert_attention_block():
         workloads.bert_attention(seq=32, hidden=32, heads=2), measure=False)
     assert _multi_node_groups(report)
     assert len(_call_tir_targets(fused)) < len(_call_tir_targets(mod))
+
+
+def _small_l1_cpu():
+    """This CPU with an 8 KiB L1: the fused tiles' working sets must be split into sub-tiles."""
+    cpu = cpu_device()
+    return replace(cpu, levels=cpu.levels[:2] + (MemoryLevel("L1", 8 * 1024, 64,
+                                                             cpu.levels[2].bandwidth),))
+
+
+def _split_sub_tiles(graph, group):
+    """The SubTiles of a planned group that really split their node's tile."""
+    plan = propagate_subgraph(graph, group.sub, group.candidate.config)
+    return [t for t in group.candidate.inner
+            if tuple(plan.tiles[graph.node(t.node).output]) != tuple(t.config.tile)]
+
+
+@pytest.mark.parametrize("build", [
+    lambda: workloads.matmul_softmax(256, 32, 64),
+    lambda: workloads.conv_relu_maxpool(channels=4, size=16, filters=8),
+    lambda: workloads.layernorm_chain(rows=64, dim=64),
+    lambda: workloads.bert_attention(seq=32, hidden=32, heads=2),
+], ids=["matmul_softmax", "conv_relu_maxpool", "layernorm_chain", "bert_attention"])
+def test_two_level_tiles_equal_unfused(build):
+    # An 8 KiB L1 makes the scheduler split the fused tiles into L1 sub-tiles, which the code
+    # generator turns into the inner loop nests; the module must still compute the same values.
+    mod, fused, report = _fuse_and_compare(build(), measure=False, device=_small_l1_cpu())
+    assert _multi_node_groups(report)
+    graph = fusion_mod.build_tile_graph(mod)
+    fused_groups = [g for g in report.plan.groups
+                    if tuple(n.name for n in g.sub.nodes) in report.replaced]
+    assert any(_split_sub_tiles(graph, g) for g in fused_groups)
+
+
+def _loops(stmt) -> int:
+    """The number of For loops in a TIR statement tree."""
+    if isinstance(stmt, tvm.tirx.PrimFunc):
+        return _loops(stmt.body)
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return sum(_loops(s) for s in stmt.seq)
+    count = int(isinstance(stmt, tvm.tirx.For))
+    for attr in ("block", "body", "init", "then_case", "else_case"):
+        child = getattr(stmt, attr, None)
+        if isinstance(child, tvm.tirx.Stmt):
+            count += _loops(child)
+    return count
+
+
+def test_sub_tiles_become_the_inner_loop_nest():
+    mod = prepare()(workloads.matmul_softmax(4096, 64, 128))
+    graph = fusion_mod.build_tile_graph(mod)
+    sub = fusion_mod.subgraph(graph, [n.name for n in graph.nodes])
+    device = _small_l1_cpu()
+    cand = fusion_mod.subgraph_tiling(graph, sub, device, 1)[0]
+    split = [t for t in cand.inner if t.node == graph.nodes[0].name]
+    assert split, cand  # the matmul's tile does not fit 8 KiB: it has an L1 sub-tile
+    factory = fusion_mod.KernelFactory(graph, device)
+    plain = factory.kernel(sub, cand.config)
+    tiled = factory.kernel(sub, cand.config, cand.inner)
+    assert plain is not None and tiled is not None
+    assert _loops(tiled) > _loops(plain)  # the sub-tile loops around the matmul's inner nest
+    assert fusion_mod.check_group(tiled, graph, sub).ok
 
 
 def test_unsupported_scalar_output_is_left_unchanged():
@@ -178,6 +243,13 @@ def test_cuda_build_keeps_intermediate_in_shared_memory():
     ex = tvm.compile(fused, target=target)
     source = generated_source(ex, "cuda")
     assert source, "no CUDA module was generated"
+    # The matmul has a per-thread register tile (threads = tile / sub-tile): each thread
+    # accumulates its sub-tile in a local array of that size.
+    group = fuse.report.plan.groups[0]
+    register = [t for t in group.candidate.inner if t.node == group.sub.nodes[0].name]
+    assert register, group.candidate
+    size = int(np.prod(register[0].config.tile))
+    assert size > 1 and f"float matmul_intermediate_local_ptr[{size}];" in source
     # The matmul result C lives in shared memory; only x, w and the softmax output are pointers.
     assert "__shared__" in source
     assert "matmul_intermediate_shared" in source

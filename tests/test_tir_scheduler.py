@@ -4,8 +4,8 @@ from dataclasses import replace
 from tvm import relax
 
 from tvm_einweld.tir_passes import workloads
-from tvm_einweld.tir_passes.cost import tile_cost
-from tvm_einweld.tir_passes.device import MemoryLevel, cuda_device
+from tvm_einweld.tir_passes.cost import TileConfig, propagate_subgraph, sub_tile_cost, tile_cost
+from tvm_einweld.tir_passes.device import MemoryLevel, cpu_device, cuda_device
 from tvm_einweld.tir_passes.scheduler import graph_connecting, subgraph_tiling
 from tvm_einweld.tir_passes.tile_graph import build_tile_graph, subgraph
 
@@ -59,3 +59,82 @@ def test_graph_connecting_uses_the_evaluator():
     plan = graph_connecting(graph, cuda_device("v100"), topk=2, evaluate=slower_when_fused)
     assert not plan.connected and len(plan.groups) == 2
     assert any(len(names) == 2 for names in calls)  # the connected option was priced
+
+
+# ------------------------------------------------------------- recursion to the upper levels
+def _conv_graph():
+    from tvm_einweld.tir_passes import prepare  # pylint: disable=import-outside-toplevel
+
+    graph = build_tile_graph(prepare()(workloads.conv_relu_maxpool(channels=16, size=56,
+                                                                  filters=32)))
+    return graph, subgraph(graph, [n.name for n in graph.nodes])
+
+
+def _small_l1_cpu():
+    cpu = cpu_device()
+    return replace(cpu, levels=cpu.levels[:2] + (MemoryLevel("L1", 8 * 1024, 64,
+                                                             cpu.levels[2].bandwidth),))
+
+
+def _check_nesting(graph, sub, device, cands):
+    """Every SubTile splits its node's tile one level down and fits its own level."""
+    assert cands
+    nested = 0
+    for cand in cands:
+        plan = propagate_subgraph(graph, sub, cand.config)
+        assert len({t.node for t in cand.inner}) == len(cand.inner) <= len(sub.nodes)
+        for first in cand.inner:
+            parent = plan.tiles[graph.node(first.node).output]
+            for tile in first.chain():
+                level = device.level(tile.level)
+                assert tile.level > device.fuse_level
+                assert all(p % t == 0 and t <= p for p, t in zip(parent, tile.config.tile))
+                if device.kind == "cuda":
+                    assert tile.cost.footprint <= min(255 * 4, level.capacity // device.threads)
+                    count = 1
+                    for p, t in zip(parent, tile.config.tile):
+                        count *= p // t
+                    assert count == device.threads  # threads = tile / sub-tile
+                else:
+                    assert tile.cost.footprint <= level.capacity
+                nested += tuple(parent) != tuple(tile.config.tile)
+                parent = tile.config.tile
+    return nested
+
+
+def test_matmul_softmax_sub_tiles_nest_and_fit():
+    graph, sub = _paper_graph(4096)
+    for device in (cpu_device(), _small_l1_cpu(), cuda_device("a100")):
+        cands = subgraph_tiling(graph, sub, device, topk=3)
+        nested = _check_nesting(graph, sub, device, cands)
+        assert nested, device.name  # some tile is really split at the upper level
+        # Inter-layer independence: the fuse-level ranking is the DRAM traffic, as before.
+        scores = [c.cost.score for c in cands]
+        assert scores == sorted(scores)
+    # The matmul needs its register tile on the GPU: one sub-tile per thread.
+    gpu = subgraph_tiling(graph, sub, cuda_device("a100"), topk=1)[0]
+    assert graph.nodes[0].name in {t.node for t in gpu.inner}
+
+
+def test_conv_sub_tiles_nest_and_fit():
+    graph, sub = _conv_graph()
+    small = _small_l1_cpu()
+    for device in (cpu_device(), small, cuda_device("a100")):
+        _check_nesting(graph, sub, device, subgraph_tiling(graph, sub, device, topk=2))
+    # With an 8 KiB L1 the conv tile must be split for its working set to fit.
+    assert _check_nesting(graph, sub, small, subgraph_tiling(graph, sub, small, topk=2))
+
+
+def test_upper_level_traffic_counts_the_sub_tiles():
+    # A whole-tile "sub-tile" moves every tensor of the node once per tile; halving the output
+    # columns of a matmul sub-tile re-reads the A rows once more per tile.
+    graph, sub = _paper_graph(4096)
+    cpu = cpu_device()
+    node = graph.nodes[0]
+    tile = (64, 128)
+    whole = sub_tile_cost(graph, node, TileConfig(tile), tile, 1, {}, 2, cpu)
+    half = sub_tile_cost(graph, node, TileConfig((64, 64)), tile, 1, {}, 2, cpu)
+    a_bytes = 64 * 64 * 4
+    assert half.traffic == whole.traffic + a_bytes
+    assert half.num_tiles == 2 and whole.num_tiles == 1
+    assert half.footprint < whole.footprint

@@ -7,8 +7,9 @@ which traffic is counted) and its bandwidth (to turn traffic into an estimated t
 
 `cpu_device()` reads the cache sizes of this machine from sysfs and measures the bandwidths once
 with numpy copies sized to each level, caching the figures on disk (for L1 the per-call overhead of
-numpy dominates, so that figure is a lower bound; the scheduler only uses DRAM's). The CUDA
-descriptions are static data sheets, so they can be built on a machine without a GPU.
+numpy dominates, so that figure is a lower bound; the scheduler ranks tiles by DRAM traffic and
+uses the upper levels' figures only to break ties, see scheduler.py). The CUDA descriptions are
+static data sheets, so they can be built on a machine without a GPU.
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ class Device:
 
     `kind` is "cpu" or "cuda"; `fuse_level` is the level at which connected intermediates are kept
     by the code generator (CPU: the per-core cache a tile's scratch buffer lives in; CUDA: shared
-    memory). `threads` is the CUDA thread-block size used by the code generator (1 on CPU).
+    memory); the levels above it get per-operator sub-tiles (CPU L1, CUDA per-thread registers).
+    `threads` is the CUDA thread-block size used by the code generator (1 on CPU); a register
+    sub-tile is chosen so that tile / sub-tile gives exactly this many threads.
     """
 
     name: str
