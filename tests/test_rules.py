@@ -17,6 +17,7 @@ from tvm_einweld.relay_passes.boundary import relax, tighten
 from tvm_einweld.relay_passes.derivation import locations
 from tvm_einweld.relay_passes.traversal_merging import inline_scope
 from tvm_einweld.relay_passes.variable_substitution import split_sum_iterator
+from tvm_einweld.relay_passes.window_splitting import WindowSplitting, window_iterators
 
 
 def conv(shape=(1, 3, 5, 6), out=4, k=3, pad=1, **kw):
@@ -83,6 +84,36 @@ def test_summation_iterator_splitting():
     found = all_instances(SummationIteratorSplitting(["r"]), e)
     assert sorted(d.description.split(" (")[0] for d in found) == \
         ["split Σ r = r1 * 2 + r2", "split Σ r = r1 * 3 + r2"]
+
+
+def test_window_splitting_relaxes_splits_and_scopes_the_smaller_window():
+    e = conv(shape=(1, 2, 7, 6), out=3, k=5, pad=2)
+    assert window_iterators(e) == ["r", "s"]
+    found = all_instances(WindowSplitting(), e)
+    assert len(found) == 3  # k = 2, 3, 4: one instance each, r and s split together
+    k3 = next(d for d in found if "r1 * 3 + r2" in d.description)
+    assert "relax r from [0, 5) to [0, 6)" in k3.description
+    assert "relax s from [0, 5) to [0, 6)" in k3.description
+    assert {it.name for it in k3.result.sums} == {"r1", "s1"}  # the offsets stay outside
+    scope = [loc.expr for loc in locations(k3.result)][1]
+    assert {it.name: it.extent for it in scope.sums} == {"c": 2, "r2": 3, "s2": 3}
+    # No window, no instance: a matmul's k is read plainly by both operands.
+    mm = canonical.matmul(Tensor("A", (4, 5)), Tensor("B", (5, 3)))
+    assert window_iterators(mm) == [] and not list(WindowSplitting().apply(mm))
+
+
+def test_window_splitting_refuses_a_relaxed_slab_that_is_not_zero():
+    """r ranges over 5 of the kernel's 6 rows: relaxing r to 6 would add the real row 5, so
+    every factor that relaxes r is refused; only k = 5 (splitting s alone, 6 → 10, the new
+    slab reading padding) is proven."""
+    from tvm_einweld.relay_passes.derivation import with_ranges
+
+    e = with_ranges(conv(shape=(1, 2, 7, 6), out=3, k=6, pad=2), {"r": (0, 5)})
+    found = all_instances(WindowSplitting(), e)
+    assert [d.description.split(";")[0] for d in found] == ["relax s from [0, 6) to [0, 10)"]
+    for k in (2, 3, 4):
+        with pytest.raises(RuleNotApplicable, match="not proven"):
+            check("window_splitting", next(WindowSplitting([k]).candidates(e, True)))
 
 
 def test_traversal_merging_inlines_with_proof():
@@ -236,7 +267,7 @@ def test_every_rule_instance_on_every_operator_preserves_the_value(name):
     """Two levels of derivations from each operator: all proven instances equal the original."""
     expr = OPERATORS[name]()
     rules = [SummationSplitting(), VariableSubstitution(), SummationIteratorSplitting(),
-             TraversalMerging(), BoundaryTightening(), BoundaryRelaxing()]
+             TraversalMerging(), BoundaryTightening(), BoundaryRelaxing(), WindowSplitting()]
     inputs = random_inputs(expr, seed=7)
     want = evaluate(expr, inputs)
     frontier, seen = [expr], 0
@@ -265,7 +296,8 @@ def test_every_rule_instance_on_the_case_intermediates_preserves_the_value():
         cases.dilated_g2bmm(Tensor("A", (1, 7, 3)), Tensor("B", (1, 7, 3)), 2, 2),
     ]
     rules = [SummationSplitting(), VariableSubstitution(), SummationIteratorSplitting(),
-             TraversalMerging(), BoundaryTightening(), BoundaryRelaxing(), ExpressionSplitting()]
+             TraversalMerging(), BoundaryTightening(), BoundaryRelaxing(), ExpressionSplitting(),
+             WindowSplitting()]
     for case in derived:
         inputs = random_inputs(case.original[0], seed=11)
         want = evaluate(case.original[0], inputs)

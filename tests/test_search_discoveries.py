@@ -1,14 +1,17 @@
 """The EinNet §7 transformations, found by the search from the canonical expressions alone
 (default budget, no shape-specific code): each discovery is checked by instantiating the found
-expression and, on a reduced shape, by random testing against the original."""
+expression and, on a reduced shape, by random testing against the original (the conv5x5 →
+conv3x3 one by building the found program with tvm.compile and comparing it with TVM's own
+conv2d)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from tvm_einweld.expr import Tensor
+from tvm_einweld.expr import Tensor, random_inputs
 from tvm_einweld.expr import canonical as C
 from tvm_einweld.relay_passes.instantiate import instantiate
-from tvm_einweld.relay_passes.mapping_table import match_g2bmm
+from tvm_einweld.relay_passes.mapping_table import match_conv2d, match_g2bmm
 from tvm_einweld.relay_passes.op_cost import is_memory_bound, levels
 from tvm_einweld.relay_passes.search import (
     Budget, State, default_rules, default_targets, distance_guided_search,
@@ -79,3 +82,69 @@ def test_dilated_g2bmm_to_g2bmm_plus_layout_eoperators():
     small = dilated_g2bmm(2, 24, 4, 3, 2)
     _, small_found = search(small, undilated_g2bmm)
     assert small_found and compare_expressions(small, small_found[0].expr, trials=2).equal
+
+
+def conv_window_plus_offset_reduce(window: int):
+    """Goal: the one compute-bound level is a conv with a window×window kernel, the rest
+    eOperators, one of them an OffsetReduce (EinNet Fig. 6)."""
+    def goal(state: State) -> bool:
+        heavy = [lv for lv in levels(state.expr) if not is_memory_bound(lv)]
+        if state.depth == 0 or len(heavy) != 1:
+            return False
+        extents = {it.name: it.extent for it in heavy[0].iterators}
+        if not any(all(extents[r] == window for _, r, _ in m.attr("spatial"))
+                   for m in match_conv2d(heavy[0])):
+            return False
+        return any(n.startswith("OffsetReduce") for _, n in kernels(state.expr))
+
+    return goal
+
+
+def conv_k(shape, filters, k):
+    return C.conv2d(Tensor("A", shape), Tensor("K", (filters, shape[1], k, k)),
+                    padding=(k // 2,) * 4)
+
+
+def tvm_conv2d(data, weight, padding):
+    """TVM's own conv2d (relax.op.nn.conv2d through tvm.compile) on numpy arrays."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(data.shape, "float32"))
+    w = relax.Var("w", relax.TensorType(weight.shape, "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=padding))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(data), tvm.runtime.tensor(weight)).numpy()
+
+
+@pytest.mark.parametrize("shape,filters,k,window,compile_check", [
+    ((16, 32, 224, 224), 1, 5, 3, False),  # the benchmark's case: found, instantiated
+    ((1, 8, 13, 11), 4, 5, 3, True),
+    ((1, 3, 9, 10), 2, 7, 3, True),
+], ids=["conv5x5-16x32x224-1", "conv5x5-1x8x13x11-4", "conv7x7-1x3x9x10-2"])
+def test_conv_to_smaller_window_conv_plus_offset_reduce(shape, filters, k, window,
+                                                        compile_check):
+    """EinNet Fig. 6 from the canonical expression: the k×k conv becomes a 3×3 conv with
+    ⌈k/3⌉² times the output channels and an OffsetReduce, found by window splitting and
+    converging derivation within the first expansion."""
+    from tvm_einweld.relay_passes import build
+
+    expr = conv_k(shape, filters, k)
+    goal = conv_window_plus_offset_reduce(window)
+    result, found = search(expr, goal)
+    assert found and result.stats.stopped_by == "goal"
+    assert found[0].rules[0] == "window_splitting"
+    assert result.stats.seconds < 20
+    inst = instantiate(found[0].expr)
+    offsets = (-(-k // window)) ** 2
+    assert ("conv2d", f"{offsets * filters}x{shape[1]}x{window}x{window}") in inst.kernels
+    if not compile_check:
+        return
+    inputs = random_inputs(expr, seed=4)
+    got = build(inst)(*[inputs[n] for n in inst.input_names])
+    want = tvm_conv2d(inputs["A"], inputs["K"], (k // 2,) * 4)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -12,6 +12,8 @@ Modules, one idea each:
   inverse                fitting ψ from sample points (then proven)
   traversal_merging      inline a scope (Φ(X×Y) ⊆ Z proven; its padding moves onto tensors)
   boundary               relaxing and tightening of ranges (zero slabs proven)
+  window_splitting       a sliding window as offsets of a smaller one (relax + split + scope;
+                         conv 5×5 → conv 3×3 with 4× the channels + OffsetReduce)
   inter_expression       expression splitting, merging, fusion (and rule objects for them)
   mapping_table          iterator-mapping table, operator matching, expression_distance
   eoperator              eOperators as scheduled TE kernels
@@ -30,9 +32,11 @@ from .mapping_table import TABLE, Match, expression_distance, match
 from .summation_splitting import SummationSplitting
 from .traversal_merging import TraversalMerging
 from .variable_substitution import SummationIteratorSplitting, VariableSubstitution, substitute
+from .window_splitting import WindowSplitting
 
 INTRA_RULES = (SummationSplitting, VariableSubstitution, SummationIteratorSplitting,
-               TraversalMerging, BoundaryRelaxing, BoundaryTightening, ExpressionSplitting)
+               TraversalMerging, BoundaryRelaxing, BoundaryTightening, ExpressionSplitting,
+               WindowSplitting)
 
 
 def instantiate(expr, name: str = "main", **options):
@@ -67,5 +71,6 @@ __all__ = [
     "ExpressionSplitting", "Merged", "fuse",
     "merge_expressions", "TABLE", "Match", "expression_distance", "match", "SummationSplitting",
     "TraversalMerging", "SummationIteratorSplitting", "VariableSubstitution", "substitute",
+    "WindowSplitting",
     "INTRA_RULES", "instantiate", "build", "DerivationTransform", "RewriteLog",
 ]

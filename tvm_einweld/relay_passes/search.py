@@ -388,11 +388,15 @@ def distance_guided_search(
     budget's states and deadline cover both phases. Matches are reported in discovery order,
     one per distinct (target, expression). `cost` orders converging among equal distances
     (default: `op_cost.roofline_seconds`); `stop_when(state)`, asked of every explored state
-    and every match, ends the search when it returns True (stopped_by "goal")."""
+    and every match, ends the search when it returns True (stopped_by "goal").
+    `converging_rules` defaults to `rules` less those marked `explorative_only` (rules that
+    enlarge an expression on purpose, such as `WindowSplitting`: they change which operator
+    instance a level can become and never fix a mismatch themselves)."""
     if cost is None:
         from .op_cost import roofline_seconds as cost
     targets = dict(targets or {})
-    conv_rules = list(converging_rules) if converging_rules is not None else list(rules)
+    conv_rules = list(converging_rules) if converging_rules is not None else \
+        [r for r in rules if not getattr(r, "explorative_only", False)]
     conv_budget = Budget(max_depth=budget.max_depth, max_states=converge_states,
                          time_limit_s=budget.time_limit_s, seed=budget.seed)
     clock = _Clock(budget)
@@ -432,17 +436,22 @@ def distance_guided_search(
 def default_rules() -> List[Rule]:
     """The intra-expression rules of EinNet §4.1 that the search applies by default.
 
-    Summation-iterator splitting and boundary relaxing are left out: they apply to almost
-    every state (one instance per divisor / per iterator) and are used by hand-sequenced
-    derivations and converging derivation only.
+    Summation-iterator splitting and boundary relaxing on their own are left out: they apply
+    to almost every state (one instance per divisor / per iterator) and are used by
+    hand-sequenced derivations only. Their one combination that matters for operators is
+    included as `WindowSplitting`: relax and split the window iterators of a sliding-window
+    sum by a factor k and sum the k-window operator in a scope (conv 5×5 → conv 3×3 with 4×
+    the channels + OffsetReduce, EinNet Fig. 6); it is proposed only for levels that have
+    window iterators, once per factor below the longest window.
     """
     from .boundary import BoundaryTightening
     from .summation_splitting import SummationSplitting
     from .traversal_merging import TraversalMerging
     from .variable_substitution import VariableSubstitution
+    from .window_splitting import WindowSplitting
 
     return [SummationSplitting(), VariableSubstitution(), TraversalMerging(),
-            BoundaryTightening()]
+            BoundaryTightening(), WindowSplitting()]
 
 
 def level_distance(op: str) -> Distance:
