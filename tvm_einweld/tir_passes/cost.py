@@ -22,6 +22,7 @@ for a connected intermediate), counted in whole transactions of the upper level.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -78,8 +79,17 @@ def propagate_subgraph(graph: TileGraph, sub: SubGraph, config: TileConfig) -> T
 
 
 def _propagate(graph, sub, tile, rstep):
-    out = graph.tensors[sub.output]
-    prop = Propagator(out.shape, tile)
+    """Propagated tiles, memoised: the scheduler prices the same node and tile many times (every
+    group that contains it, every fuse-level tile whose sub-tiles it enumerates)."""
+    names = dict.fromkeys((*sub.inputs, *(n.output for n in sub.nodes)))
+    shapes = tuple((t, tuple(int(d) for d in graph.tensors[t].shape)) for t in names)
+    return _propagate_memo(sub, shapes, tuple(int(t) for t in tile), rstep)
+
+
+@functools.lru_cache(maxsize=8192)
+def _propagate_memo(sub, shapes, tile, rstep):
+    shape_of = dict(shapes)
+    prop = Propagator(shape_of[sub.output], tile)
     regions = {sub.output: prop.out_region}
     tiles: dict[str, tuple[int, ...]] = {}
     internal = []
@@ -99,7 +109,7 @@ def _propagate(graph, sub, tile, rstep):
                 internal.append((index, buffer.name, prop.extent(region, shape),
                                  str(buffer.dtype)))
     for tensor, region in regions.items():
-        tiles[tensor] = prop.extent(region, graph.tensors[tensor].shape)
+        tiles[tensor] = prop.extent(region, shape_of[tensor])
     return tiles, tuple(internal)
 
 

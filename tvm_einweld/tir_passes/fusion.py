@@ -96,21 +96,33 @@ class KernelFactory:
 
     def kernel(self, sub: SubGraph, config: TileConfig, inner=()) -> tirx.PrimFunc | None:
         """The kernel of `sub` tiled by `config`, with the upper-level sub-tiles `inner`
-        (`Candidate.inner`); None when it cannot be generated."""
+        (`Candidate.inner`); None when it cannot be generated. Sub-tiles the schedule
+        primitives reject are dropped (the kernel of the fuse-level tile alone is used)."""
         key = (sub.names, config.tile, tuple((t.node, t.config.tile) for t in inner))
         if key not in self._kernels:
+            func = None
             try:
-                planned = self._planned_bytes(sub, config) if self.check_plan else None
                 merged = self.merged(sub)
                 sub_tiles = block_sub_tiles(self.graph, sub, merged, config, inner)
-                func = schedule_group(merged, config.tile, self.device, planned, sub_tiles)
-                func = func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
-            except (Unsupported, LocalizeError) as err:
-                logger.info("group %s tile %s not generated: %s", sorted(sub.names),
-                            config.tile, err)
-                func = None
+            except (Unsupported, ValueError) as err:
+                logger.info("group %s not merged: %s", sorted(sub.names), err)
+                sub_tiles = None
+            if sub_tiles is not None:
+                func = self._schedule(sub, merged, config, sub_tiles)
+                if func is None and sub_tiles:
+                    func = self._schedule(sub, merged, config, {})
             self._kernels[key] = func
         return self._kernels[key]
+
+    def _schedule(self, sub, merged, config, sub_tiles) -> tirx.PrimFunc | None:
+        try:
+            planned = self._planned_bytes(sub, config) if self.check_plan else None
+            func = schedule_group(merged, config.tile, self.device, planned, sub_tiles)
+            return func.with_attrs({"tirx.is_scheduled": True, "op_pattern": 8})
+        except (Unsupported, LocalizeError) as err:
+            logger.info("group %s tile %s sub-tiles %s not generated: %s", sorted(sub.names),
+                        config.tile, sub_tiles, err)
+            return None
 
 
 @tvm.transform.module_pass(opt_level=0, name="TileGraphFusion")

@@ -81,8 +81,11 @@ class Candidate:
 
     def upper_seconds(self, device: Device) -> float:
         """Time of the levels above the fuse level: their traffic over their bandwidth."""
-        return sum(t.cost.traffic / device.level(t.level).bandwidth
-                   for s in self.inner for t in s.chain())
+        return _seconds([t for s in self.inner for t in s.chain()], device)
+
+
+def _seconds(tiles, device: Device) -> float:
+    return sum(t.cost.traffic / device.level(t.level).bandwidth for t in tiles)
 
 
 @dataclass(frozen=True)
@@ -193,9 +196,10 @@ def _with_upper_levels(graph, sub, cand: Candidate, device: Device, topk: int) -
     return replace(cand, inner=tuple(inner))
 
 
-# Per level kind, the reduction steps a sub-tile may use: the CPU's inner loops sweep the whole
-# reduction of a sub-tile (its panels stay in L1); a CUDA thread streams it one step at a time.
-_UPPER_RSTEPS = {"cpu": (None,), "cuda": (1,)}
+# The reduction step of an upper-level sub-tile, as the code generator runs it: the CPU's inner
+# loops sweep the whole reduction of a sub-tile (its input panels stay in L1); a CUDA thread
+# streams it one step at a time through registers.
+_UPPER_RSTEP = {"cpu": None, "cuda": 1}
 _MAX_THREAD_REGISTER_BYTES = 255 * 4
 
 
@@ -206,22 +210,20 @@ def _node_tiling(graph, node, parent, parents: int, buffers, level: int, device:
     The top-k sub-tiles by that level's traffic (ties: larger first) that fit the level, each
     with its best chain further up; sorted by (traffic here, time further up).
     """
-    capacity = device.level(level).capacity
     cuda = device.kind == "cuda"
+    limit = device.level(level).capacity
+    if cuda:  # one sub-tile per thread: its share of the register file, at most 255 registers
+        limit = min(_MAX_THREAD_REGISTER_BYTES, limit // device.threads)
 
     def price(tile):
-        count = _count(parent, tile)
-        limit = capacity
-        if cuda:  # one sub-tile per thread: its share of the register file, at most 255 registers
-            limit = min(_MAX_THREAD_REGISTER_BYTES, capacity // device.threads)
-        for rstep in _UPPER_RSTEPS[device.kind]:
-            config = TileConfig(tuple(int(t) for t in tile), rstep)
-            cost = sub_tile_cost(graph, node, config, parent, parents, buffers, level, device)
-            if cost.footprint <= limit:
-                ok = count == device.threads if cuda else True
-                return (SubTile(node.name, level, config, cost) if ok else None,
-                        cost.score, True)
-        return None, 0.0, False
+        config = TileConfig(tuple(int(t) for t in tile), _UPPER_RSTEP[device.kind])
+        cost = sub_tile_cost(graph, node, config, parent, parents, buffers, level, device)
+        if cost.footprint > limit:
+            return None, 0.0, False
+        # On CUDA only sub-tiles that give exactly the block's threads are usable; smaller ones
+        # are still grown towards them.
+        usable = not cuda or _count(parent, tile) == device.threads
+        return (SubTile(node.name, level, config, cost) if usable else None), cost.score, True
 
     found = _roller(parent, price, budget)
     found.sort(key=lambda t: (t.cost.score, -_volume(t.config.tile)))
@@ -231,11 +233,8 @@ def _node_tiling(graph, node, parent, parents: int, buffers, level: int, device:
             graph, node, t.config.tile, t.cost.num_tiles, buffers, level + 1, device, topk)),
             None)) for t in found]
 
-    def upper(t):
-        return sum(u.cost.traffic / device.level(u.level).bandwidth
-                   for u in (t.inner.chain() if t.inner else ()))
-
-    found.sort(key=lambda t: (t.cost.score, upper(t), -_volume(t.config.tile)))
+    found.sort(key=lambda t: (t.cost.score, _seconds(t.chain()[1:], device),
+                              -_volume(t.config.tile)))
     return found
 
 
