@@ -213,3 +213,50 @@ def test_a_target_without_its_device_leaves_the_module_unchanged():
     with pytest.warns(UserWarning, match="no cuda device"):
         new = transform(mod)
     assert structural_equal(new, mod) and transform.last_results == ()
+
+
+def test_fastest_measured_rewrite_is_kept_not_the_estimates_favourite():
+    """eOperator times are estimates: the pass verifies and times the few cheapest rewrites
+    by estimate and keeps the fastest measured one (here the estimate's second choice),
+    never one slower than the original."""
+    from tvm_einweld.relay_passes.derivation_transform import (
+        OpResult, Program, SubprogramResult,
+    )
+    from tvm_einweld.relay_passes.op_cost import Kernel
+
+    def program(label, est):
+        return Program(label, (Kernel("k", est, False),), emit=None)
+
+    original, fav, second, third = (program("original", 1.0), program("fav", 0.1),
+                                    program("second", 0.2), program("third", 0.3))
+    measured = {"original": 1.0, "fav": 2.0, "second": 0.4, "third": 0.6}
+    tried = []
+    transform = DerivationTransform(measured_attempts=3)
+
+    def try_rewrite(sub, ops):
+        chosen = ops[0].chosen
+        tried.append(chosen.label)
+        after = measured[chosen.label]
+        applied = after < measured["original"]
+        kept = ops if applied else tuple(
+            OpResult(o.op, o.candidates, o.original, o.stats, rejected=o.chosen) for o in ops)
+        return SubprogramResult(sub, kept, applied, True, "equal", measured["original"], after)
+
+    inner = transform._inst  # the pass object behind TVM's module_pass wrapper
+    inner.optimise_op = lambda op: OpResult(op, (original, fav, second, third), fav, None)
+    inner.merge_pairs = lambda sub, ops: tuple(ops)
+    inner._try_rewrite = try_rewrite
+
+    class Sub:
+        ops = ("conv",)
+
+    result = transform.optimise_subprogram(Sub())
+    assert tried == ["fav", "second", "third"]
+    assert result.applied and result.ops[0].chosen is second
+    assert result.measured_after_s == measured["second"]
+
+    # All slower than the original: the original stays.
+    measured.update(second=1.5, third=1.2)
+    tried.clear()
+    result = transform.optimise_subprogram(Sub())
+    assert not result.applied and result.ops[0].chosen is original
