@@ -58,13 +58,38 @@ def _fit_affine(features: Dict[str, np.ndarray], target: np.ndarray) -> Optional
 
 def _fit_floor(features: Dict[str, np.ndarray], target: np.ndarray,
                moduli: Sequence[int]) -> Optional[IndexExpr]:
+    """target = (u + c) // d + shift or (u + c) % d + shift, for a feature u, a modulus d, the
+    smallest offset c in [0, d) (// before % at the same c) and a constant shift."""
     for name, d in itertools.product(sorted(features), moduli):
         u = features[name]
-        for c in range(d):
-            for op, value in (("//", (u + c) // d), ("%", (u + c) % d)):
-                for shift in (0, int(target.min() - value.min())):
-                    if np.array_equal(value + shift, target):
-                        return ix.add(ix.build(op, ix.add(ix.IVar(name), c), d), shift)
+        fits = [(c, k) for k, op in enumerate(_FLOOR_OPS)
+                if (c := _first_offset(u, target, d, op)) is not None]
+        if fits:
+            c, k = min(fits)
+            op = _FLOOR_OPS[k]
+            shift = int(target[0] - _FLOOR_FNS[op](u[:1] + c, d)[0])
+            return ix.add(ix.build(op, ix.add(ix.IVar(name), c), d), shift)
+    return None
+
+
+_FLOOR_OPS = ("//", "%")
+_FLOOR_FNS = {"//": np.floor_divide, "%": np.mod}
+
+
+def _first_offset(u: np.ndarray, target: np.ndarray, d: int, op: str,
+                  sample: int = 64, chunk: int = 4096) -> Optional[int]:
+    """The smallest c in [0, d) for which (u + c) op d − target is constant over all points.
+    All offsets are screened at once on a few points (a large d made a loop over c slow),
+    and the survivors are checked on every point."""
+    fn = _FLOOR_FNS[op]
+    us, ts = u[:sample], target[:sample]
+    for start in range(0, d, chunk):
+        cs = np.arange(start, min(d, start + chunk), dtype=np.int64)
+        diff = fn(us[None, :] + cs[:, None], d) - ts[None, :]
+        for c in cs[np.all(diff == diff[:, :1], axis=1)]:
+            full = fn(u + c, d) - target
+            if np.all(full == full[0]):
+                return int(c)
     return None
 
 
