@@ -289,12 +289,15 @@ def main(argv=None) -> int:
                         help="zoo model for the end-to-end row ('none' to skip it)")
     parser.add_argument("--cases", default="",
                         help="only the cases whose label contains this text")
+    parser.add_argument("--search-only", action="store_true",
+                        help="only section 1 (the search statistics), no builds")
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 7)
     budget = Budget(time_limit_s=5.0 if args.quick else 30.0)
     started = time.time()
     cmd = "python benchmarks/search.py" + (" --quick" if args.quick else "") + \
-        (f" --trials {args.trials}" if args.trials else "")
+        (f" --trials {args.trials}" if args.trials else "") + \
+        (" --search-only" if args.search_only else "")
     print("# Derivation search and DerivationTransform\n")
     print(f"- command: `{cmd}`")
     print(f"- machine: {machine_line()}")
@@ -325,6 +328,9 @@ def main(argv=None) -> int:
               f"{s.seconds:.1f} | {s.stopped_by} |")
         sys.stdout.flush()
 
+    if args.search_only:
+        print(f"\nTotal benchmark time {time.time() - started:.0f} s.")
+        return 0
     print("\n## 2. Stock tvm.compile vs DerivationTransform + tvm.compile\n")
     print("| workload | stock (ms) | pass (ms) | stock / pass | onnxruntime (ms) | pass / ort "
           "| pass time (s) | chosen program |")
