@@ -29,7 +29,8 @@ def private_cache(monkeypatch):
     (machine.cache_dir() / name).unlink(missing_ok=True)
 
 
-def test_time_call_is_cached_on_disk(private_cache):
+def test_time_call_is_cached_on_disk(private_cache, monkeypatch):
+    monkeypatch.setattr(machine, "load_average", lambda: 0.0)  # an idle machine
     a = relax.Var("a", relax.TensorType((64, 64), "float32"))
     b = relax.Var("b", relax.TensorType((64, 64), "float32"))
     call = relax.op.add(a, b)
@@ -48,6 +49,16 @@ def test_time_call_is_cached_on_disk(private_cache):
     w = relax.Var("w", relax.TensorType((4, 4, 3, 3), "float32"))
     assert op_cost.call_key(relax.op.nn.conv2d(x, w, padding=1), "llvm") != \
         op_cost.call_key(relax.op.nn.conv2d(x, w, padding=0), "llvm")
+
+
+def test_time_taken_on_a_busy_machine_is_not_kept_on_disk(private_cache, monkeypatch):
+    monkeypatch.setattr(machine, "load_average", lambda: 4.0 * (os.cpu_count() or 1))
+    call = relax.op.add(relax.Var("a", relax.TensorType((32, 32), "float32")),
+                        relax.Var("b", relax.TensorType((32, 32), "float32")))
+    seconds = op_cost.time_call(call)
+    assert seconds > 0 and op_cost.time_call(call) == seconds  # kept in memory
+    assert not private_cache.exists() or \
+        op_cost.call_key(call, "llvm") not in json.loads(private_cache.read_text())
 
 
 def test_bytes_and_intensity():

@@ -79,6 +79,13 @@ def load_average() -> Optional[float]:
         return None
 
 
+def is_busy(load: Optional[float], logical_cpus: Optional[int] = None) -> bool:
+    """Other processes were using at least half the CPUs: timings taken now read slow, so
+    they are not worth caching."""
+    cpus = logical_cpus if logical_cpus is not None else (os.cpu_count() or 1)
+    return load is not None and load >= 0.5 * cpus
+
+
 def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0.01) -> float:
     """The fastest of `repeats` samples of `fn` (each looped for at least `min_time`).
 
@@ -136,8 +143,7 @@ class MachineInfo:
     @property
     def measured_under_load(self) -> bool:
         """Other processes were using at least half the CPUs: the peaks read low."""
-        return self.load_at_measurement is not None and \
-            self.load_at_measurement >= 0.5 * self.logical_cpus
+        return is_busy(self.load_at_measurement, self.logical_cpus)
 
     def describe(self) -> str:
         text = (f"{self.cpu_model}, {self.logical_cpus} logical CPUs, "

@@ -257,7 +257,8 @@ def measure_module(mod, target: str = "llvm", repeats: int = 5) -> float:
 
 
 def time_call(call, target: str = "llvm") -> float:
-    """Measured seconds of one Relax call on `target`, cached in memory and on disk.
+    """Measured seconds of one Relax call on `target`, cached in memory and on disk (on disk
+    only when the machine was not busy, `machine.is_busy`).
 
     `call`'s tensor arguments must have static shapes (variables of a normalised function,
     or constants).
@@ -269,9 +270,11 @@ def time_call(call, target: str = "llvm") -> float:
     if key in stored:
         _MEMORY[key] = float(stored[key])
         return _MEMORY[key]
+    load = machine.load_average()
     seconds = measure_call(call, target)
     _MEMORY[key] = seconds
-    _store(key, seconds)
+    if not machine.is_busy(load):  # a time taken on a busy machine is not kept on disk
+        _store(key, seconds)
     return seconds
 
 
