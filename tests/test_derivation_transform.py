@@ -238,8 +238,9 @@ def test_fastest_measured_rewrite_is_kept_not_the_estimates_favourite():
         tried.append(chosen.label)
         after = measured[chosen.label]
         applied = after < measured["original"]
-        kept = ops if applied else tuple(
-            OpResult(o.op, o.candidates, o.original, o.stats, rejected=o.chosen) for o in ops)
+        # As the pass does: a timed rewrite is recorded as tried; a slower one is not kept.
+        kept = tuple(OpResult(o.op, o.candidates, o.chosen if applied else o.original, o.stats,
+                              tried=o.tried + (o.chosen,)) for o in ops)
         return SubprogramResult(sub, kept, applied, True, "equal", measured["original"], after)
 
     inner = transform._inst  # the pass object behind TVM's module_pass wrapper

@@ -95,8 +95,7 @@ class OpResult:
     notes: Tuple[str, ...] = ()
     # (depth, roofline estimate in seconds, rules) of the search's best state per depth
     best_per_depth: Tuple[Tuple[int, float, Tuple[str, ...]], ...] = ()
-    rejected: Optional[Program] = None  # the last choice, measured slower than the original
-    tried: Tuple[Program, ...] = ()  # choices already verified and timed
+    tried: Tuple[Program, ...] = ()  # rewrites already verified and timed
 
     @property
     def original(self) -> Program:
@@ -420,12 +419,10 @@ class DerivationTransform:
         return best if best.applied else result
 
     def _next_choice(self, o: OpResult) -> OpResult:
-        """`o` with the program just tried set aside and the next cheapest one chosen."""
-        tried = o.tried + tuple(p for p in (o.rejected, o.chosen)
-                                if p is not None and p is not o.original)
-        rest = tuple(c for c in o.candidates
-                     if c is o.original or all(c is not t for t in tried))
-        return replace(o, candidates=rest, chosen=self.choose(rest), tried=tried, rejected=None)
+        """`o` with the cheapest candidate not timed yet chosen (or the original)."""
+        untried = tuple(c for c in o.candidates
+                        if c is o.original or all(c is not t for t in o.tried))
+        return replace(o, chosen=self.choose(untried))
 
     def _try_rewrite(self, sub: Subprogram, ops: Tuple[OpResult, ...]) -> SubprogramResult:
         if all(o.chosen is o.original for o in ops):
@@ -451,13 +448,13 @@ class DerivationTransform:
         from .op_cost import measure_module
 
         before_s, after_s = measure_module(before, self.target), measure_module(after, self.target)
+        ops = tuple(o if o.chosen is o.original else replace(o, tried=o.tried + (o.chosen,))
+                    for o in ops)
         if after_s >= before_s:
             note = (f"rewrite not applied: measured {after_s:.3g} s, original {before_s:.3g} s "
                     f"(estimated {sum(o.chosen.seconds for o in ops):.3g} s; "
                     f"{' + '.join(n for o in ops for n in o.chosen.ops)})")
-            kept = tuple(replace(o, chosen=o.original, notes=o.notes + (note,),
-                                 rejected=None if o.chosen is o.original else o.chosen)
-                         for o in ops)
+            kept = tuple(replace(o, chosen=o.original, notes=o.notes + (note,)) for o in ops)
             return SubprogramResult(sub, kept, False, True, evidence, before_s, after_s)
         return SubprogramResult(sub, ops, True, True, evidence, before_s, after_s)
 

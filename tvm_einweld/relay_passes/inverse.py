@@ -62,18 +62,16 @@ def _fit_floor(features: Dict[str, np.ndarray], target: np.ndarray,
     smallest offset c in [0, d) (// before % at the same c) and a constant shift."""
     for name, d in itertools.product(sorted(features), moduli):
         u = features[name]
-        fits = [(c, k) for k, op in enumerate(_FLOOR_OPS)
+        fits = [(c, k, op) for k, op in enumerate(_FLOOR_FNS)
                 if (c := _first_offset(u, target, d, op)) is not None]
         if fits:
-            c, k = min(fits)
-            op = _FLOOR_OPS[k]
+            c, _, op = min(fits)
             shift = int(target[0] - _FLOOR_FNS[op](u[:1] + c, d)[0])
             return ix.add(ix.build(op, ix.add(ix.IVar(name), c), d), shift)
     return None
 
 
-_FLOOR_OPS = ("//", "%")
-_FLOOR_FNS = {"//": np.floor_divide, "%": np.mod}
+_FLOOR_FNS = {"//": np.floor_divide, "%": np.mod}  # in preference order at equal offsets
 
 
 def _first_offset(u: np.ndarray, target: np.ndarray, d: int, op: str,
