@@ -91,3 +91,19 @@ def test_grouped_and_depthwise_conv_instantiate_as_grouped_conv2d():
                                 groups=groups, strides=(2, 1), padding=(1, 1, 1, 1))
         inst = run_and_compare(expr, threshold=0)
         assert inst.kernels == (("conv2d", f"{f}x{c // groups}x3x3 groups={groups}"),)
+
+
+def test_package_instantiate_stays_the_function_after_its_submodule_is_imported():
+    """`relay_passes.instantiate` is a function although a submodule has the same name: it
+    must not turn into the module once something imports `relay_passes.instantiate`."""
+    import importlib
+
+    import tvm_einweld.relay_passes as rp
+
+    importlib.import_module("tvm_einweld.relay_passes.instantiate")
+    import tvm_einweld.relay_passes.derivation_transform  # noqa: F401  (imports it too)
+
+    assert callable(rp.instantiate) and callable(rp.build)
+    from tvm_einweld.relay_passes import instantiate as again
+
+    assert again is rp.instantiate and callable(again)

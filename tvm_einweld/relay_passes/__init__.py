@@ -32,18 +32,14 @@ from .mapping_table import TABLE, Match, expression_distance, match
 from .summation_splitting import SummationSplitting
 from .traversal_merging import TraversalMerging
 from .variable_substitution import SummationIteratorSplitting, VariableSubstitution, substitute
+# Imported, not wrapped: a wrapper named like its submodule is replaced by the module as soon
+# as `relay_passes.instantiate` is imported anywhere (Python binds submodules on the package).
+from .instantiate import build, instantiate
 from .window_splitting import WindowSplitting
 
 INTRA_RULES = (SummationSplitting, VariableSubstitution, SummationIteratorSplitting,
                TraversalMerging, BoundaryRelaxing, BoundaryTightening, ExpressionSplitting,
                WindowSplitting)
-
-
-def instantiate(expr, name: str = "main", **options):
-    """See `instantiate.instantiate` (imported lazily: it loads TVM)."""
-    from .instantiate import instantiate as _instantiate
-
-    return _instantiate(expr, name, **options)
 
 
 def __getattr__(name):
@@ -57,12 +53,6 @@ def __getattr__(name):
 
         return RewriteLog
     raise AttributeError(name)
-
-
-def build(inst, target: str = "llvm"):
-    from .instantiate import build as _build
-
-    return _build(inst, target)
 
 
 __all__ = [
