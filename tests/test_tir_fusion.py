@@ -178,6 +178,30 @@ def test_shared_intermediate_stays_in_dram():
     assert not any(exp_node == a for a, _ in fuse.report.plan.connected)
 
 
+def test_intermediate_read_by_a_packed_call_stays_in_memory():
+    # matmul -> relu could be one group, but the matmul result is also read by a packed
+    # function (as numpy_gemm calls in derived programs are): it must not become a tile buffer.
+    from tvm_einweld.relay_passes import numpy_gemm
+    from tvm_einweld.tir_passes.tile_graph import build_tile_graph
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 32), "float32"))
+    w = relax.Var("w", relax.TensorType((32, 32), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            r = bb.emit(relax.op.nn.relu(y))
+            g = bb.emit(numpy_gemm.matmul_call(y, w))
+            out = bb.emit_output(relax.op.add(r, g))
+        bb.emit_func_output(out)
+    mod = prepare()(bb.get())
+    assert y.name in build_tile_graph(mod).outputs
+    fused = TileGraphFusion("llvm", topk=1, measure=False)(mod)
+    relax.analysis.well_formed(fused)
+    args = _random_args(mod)
+    np.testing.assert_allclose(_run(fused, args), _run(mod, args), rtol=1e-4, atol=1e-4)
+
+
 def test_planted_wrong_kernel_is_rejected(monkeypatch):
     # Every kernel the factory hands out computes matmul+ReLU instead of matmul+softmax: the check
     # on random inputs must catch it and leave the module as it was.

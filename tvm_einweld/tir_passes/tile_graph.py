@@ -4,8 +4,8 @@ Nodes are the `call_tir` bindings of the function's dataflow blocks (one PrimFun
 has them after `LegalizeOps` and, optionally, stock `FuseOps`/`FuseTIR` of injective ops); edges
 are the tensors one node writes and another reads. Anything else (a Relax op left unlegalized, a
 call_tir with several outputs or symbolic shapes, an already scheduled PrimFunc, a binding outside
-a dataflow block) is not a node: its tensors are simply inputs of the graph, so such bindings act
-as barriers for fusion.
+a dataflow block) is not a node: the tensors it reads count as graph outputs and those it writes
+as graph inputs, so such bindings act as barriers for fusion.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class Node:
 
 @dataclass(frozen=True)
 class TileGraph:
-    """Nodes in topological (program) order, tensors by name, and the function's outputs.
+    """Nodes in topological (program) order, tensors by name, and the outputs: the tensors
+    that must stay in memory (returned by the function or read by a binding that is no node).
 
     `exprs` maps each tensor name to the Relax expression (variable or constant) that holds it.
     """
@@ -110,38 +111,53 @@ def build_tile_graph(mod: ir.IRModule, func_name: str = "main") -> TileGraph:
     for param in func.params:
         name_of(param)
     nodes: list[Node] = []
+    read_outside: list = []  # values read by bindings that are not nodes
     call_tir = ir.Op.get("relax.call_tir")
     for block in func.body.blocks:
-        if not isinstance(block, relax.DataflowBlock):
-            continue
         for binding in block.bindings:
             value = binding.value
             if isinstance(binding, relax.VarBinding) and value in names:
                 names[binding.var] = names[value]  # `gv = lv`: an alias, not a new tensor
                 continue
-            if not (isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call)
-                    and value.op == call_tir):
-                continue
-            gvar, args = value.args[0], value.args[1]
-            callee = mod[gvar]
-            if not isinstance(callee, tirx.PrimFunc) or not isinstance(args, relax.Tuple):
-                continue
-            if len(value.args) > 2:  # symbolic-shape arguments: not tileable statically
-                continue
-            inputs = [name_of(a) for a in args.fields]
-            output = name_of(binding.var)
-            if output is None or any(i is None for i in inputs):
-                continue
-            if len(callee.params) != len(inputs) + 1:
-                continue
-            if callee.attrs is not None and "tirx.is_scheduled" in callee.attrs:
-                continue  # already scheduled (e.g. by an earlier TileGraphFusion): not re-tiled
-            nodes.append(Node(output, gvar, callee, tuple(inputs), output))
-    outputs = frozenset(_returned_names(func.body.body, names))
+            node = None
+            if isinstance(block, relax.DataflowBlock):
+                node = _node_of(mod, binding, name_of)
+            if node is None:
+                read_outside.extend(relax.analysis.free_vars(value))
+            else:
+                nodes.append(node)
+    # A tensor read outside the tile graph (by an untileable call, e.g. a packed function)
+    # must stay in memory like a returned one: it is never a group's intermediate.
+    outputs = frozenset(_returned_names(func.body.body, names)
+                        + [names[v] for v in read_outside if v in names])
     exprs: dict[str, object] = {}
     for expr, name in names.items():
         exprs.setdefault(name, expr)  # the first expression of an alias chain defines it
     return TileGraph(tuple(nodes), tensors, outputs, exprs)
+
+
+def _node_of(mod: ir.IRModule, binding, name_of) -> Node | None:
+    """The node of a `call_tir` binding with static shapes, or None when it is not tileable."""
+    value = binding.value
+    call_tir = ir.Op.get("relax.call_tir")
+    if not (isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call)
+            and value.op == call_tir):
+        return None
+    gvar, args = value.args[0], value.args[1]
+    callee = mod[gvar]
+    if not isinstance(callee, tirx.PrimFunc) or not isinstance(args, relax.Tuple):
+        return None
+    if len(value.args) > 2:  # symbolic-shape arguments: not tileable statically
+        return None
+    if len(callee.params) != len(args.fields) + 1:
+        return None
+    if callee.attrs is not None and "tirx.is_scheduled" in callee.attrs:
+        return None  # already scheduled (e.g. by an earlier TileGraphFusion): not re-tiled
+    inputs = [name_of(a) for a in args.fields]
+    output = name_of(binding.var)
+    if output is None or any(i is None for i in inputs):
+        return None
+    return Node(output, gvar, callee, tuple(inputs), output)
 
 
 def _returned_names(expr, names) -> list[str]:
