@@ -130,3 +130,12 @@ def test_eoperator_estimate_against_real_timings(record_property, capsys):
         for name, est, meas, ratio in rows:
             print(f"  {name:30s} est {est * 1e6:8.1f} us  measured {meas * 1e6:8.1f} us  "
                   f"ratio {ratio:5.2f}")
+
+
+def test_best_seconds_stops_sampling_at_its_budget():
+    calls = []
+    machine.best_seconds(lambda: calls.append(1), repeats=5, min_time=0.0, budget=0.0)
+    assert len(calls) == 2  # the warm-up and one sample: a slow kernel is timed once
+    calls.clear()
+    machine.best_seconds(lambda: calls.append(1), repeats=5, min_time=0.0, budget=60.0)
+    assert len(calls) == 6

@@ -86,14 +86,17 @@ def is_busy(load: Optional[float], logical_cpus: Optional[int] = None) -> bool:
     return load is not None and load >= 0.5 * cpus
 
 
-def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0.01) -> float:
-    """The fastest of `repeats` samples of `fn` (each looped for at least `min_time`).
+def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0.01,
+                 budget: float = 2.0) -> float:
+    """The fastest of `repeats` samples of `fn` (each looped for at least `min_time`), with
+    fewer samples once they have taken `budget` seconds in all.
 
     The minimum, not the median: other processes on a shared machine only ever add time, and
-    a peak or a cached kernel time must not keep one unlucky sample.
+    a peak or a cached kernel time must not keep one unlucky sample. The budget matters for
+    untuned kernels that take seconds per call, where one sample is already precise.
     """
     fn()  # warm up: page faults, BLAS thread start
-    best = float("inf")
+    best, spent = float("inf"), 0.0
     for _ in range(repeats):
         loops, start = 0, time.perf_counter()
         while True:
@@ -103,6 +106,9 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0
             if elapsed >= min_time:
                 break
         best = min(best, elapsed / loops)
+        spent += elapsed
+        if spent >= budget:
+            break
     return best
 
 
