@@ -79,6 +79,27 @@ def test_wrong_failed_and_skipped_runners_are_reported_not_timed(tmp_path) -> No
     assert result.latency("good") > 0 and result.latency("crash") is None
 
 
+def test_a_failed_runner_has_its_stand_in_timed_in_its_place(tmp_path, monkeypatch) -> None:
+    from tvm_einweld.bench import report
+    from tvm_einweld.bench.runners import RUNNERS
+
+    model = build_model("fsrcnn")
+    monkeypatch.setitem(RUNNERS, "fallback", Runner("fallback", _prepare_onnxruntime, "ort"))
+    runners = [Runner("crash", _crashing, "planted fault", stand_in="fallback"),
+               Runner("good", _prepare_onnxruntime, "onnxruntime")]
+    result = benchmark_model("fsrcnn", model, 1, runners, 0, tmp_path, PLAN, log=lambda s: None)
+    assert [r.runner for r in result.results] == ["crash", "fallback", "good"]
+    assert result.stand_ins == (("crash", "fallback"),)
+    assert result.latency("crash") is None
+    assert result.latency_or_stand_in("crash") == result.latency("fallback") > 0
+    # The report's ratios use the stand-in where the baseline failed, and say so.
+    suite = report.SuiteResult("cmd", "t", 1.0, machine_mod.describe_machine(), None, 0,
+                               ("crash", "good"), "crash", (result,))
+    table = report.latency_table(suite)
+    assert "| model | batch | crash | good | fallback |" in table
+    assert "failed (→ fallback)" in table and "(1.00×) |" in table.splitlines()[2]
+
+
 def test_reference_is_unoptimised_onnxruntime_and_optimised_one_agrees() -> None:
     model = build_model("mobilenetv2")
     inputs = random_inputs(model)

@@ -1,7 +1,9 @@
 """Benchmark one model with several runners: prepare, check against onnxruntime, then time.
 
 A runner that cannot be prepared, crashes, or disagrees with the onnxruntime reference is
-reported as such and left out of the timing: a fast wrong answer is never a result.
+reported as such and left out of the timing: a fast wrong answer is never a result. Where
+such a runner names a stand-in (stock tuned TVM without weight pre-packing for the pre-packing
+one), the stand-in is measured in its place and the report says so.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import onnx
 from ..models import random_inputs
 from .check import compare_outputs
 from .roofline import GraphCost, graph_cost
-from .runners import RunFn, Runner, reference_outputs
+from .runners import RUNNERS, RunFn, Runner, reference_outputs
 from .timing import Timing, calls_per_sample, time_alternating
 
 OK, WRONG, FAILED, SKIPPED = "ok", "wrong", "failed", "skipped"
@@ -40,6 +42,8 @@ class ModelResult:
     batch: int
     cost: Optional[GraphCost]
     results: tuple[RunnerResult, ...]
+    # runner -> the runner measured in its place because it failed or was wrong
+    stand_ins: tuple[tuple[str, str], ...] = ()
 
     def result(self, runner: str) -> Optional[RunnerResult]:
         return next((r for r in self.results if r.runner == runner), None)
@@ -47,6 +51,15 @@ class ModelResult:
     def latency(self, runner: str) -> Optional[float]:
         r = self.result(runner)
         return r.latency if r else None
+
+    def stand_in(self, runner: str) -> Optional[str]:
+        return dict(self.stand_ins).get(runner)
+
+    def latency_or_stand_in(self, runner: str) -> Optional[float]:
+        """The runner's latency, or its stand-in's where it was not timed."""
+        mine = self.latency(runner)
+        other = self.stand_in(runner)
+        return mine if mine is not None or other is None else self.latency(other)
 
 
 @dataclass(frozen=True)
@@ -90,8 +103,10 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
     except ValueError as err:
         log(f"  {name}: no roofline ({err})")
         cost = None
-    checked, runnable = [], {}
-    for runner in runners:
+    checked, runnable, stand_ins = [], {}, []
+    pending = list(runners)
+    while pending:
+        runner = pending.pop(0)
         log(f"  {name} b{batch}: preparing {runner.name} ...")
         result, run = _prepare_and_check(runner, model, trials, work_dir / f"{name}_b{batch}",
                                          inputs, expected)
@@ -100,6 +115,10 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
         checked.append(result)
         if run is not None:
             runnable[runner.name] = run
+        elif result.status in (WRONG, FAILED) and runner.stand_in and \
+                runner.stand_in not in {r.name for r in runners}:
+            stand_ins.append((runner.name, runner.stand_in))
+            pending.insert(0, RUNNERS[runner.stand_in])
     calls = {n: (lambda run=run: run(inputs)) for n, run in runnable.items()}
     numbers = {n: calls_per_sample(c, plan.min_sample_seconds) for n, c in calls.items()}
     timings = time_alternating(calls, plan.repeats, plan.warmup, numbers)
@@ -107,5 +126,5 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
         RunnerResult(r.runner, r.status, r.detail, r.prepare_seconds, timings.get(r.runner))
         for r in checked
     )
-    return ModelResult(name, batch, cost, results)
+    return ModelResult(name, batch, cost, results, tuple(stand_ins))
 

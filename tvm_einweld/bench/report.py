@@ -32,8 +32,15 @@ def _ms(seconds: float) -> str:
 
 
 def speedup(model: ModelResult, runner: str, baseline: str) -> Optional[float]:
-    mine, base = model.latency(runner), model.latency(baseline)
+    """baseline latency / runner latency; where the baseline failed, its stand-in's latency."""
+    mine, base = model.latency(runner), model.latency_or_stand_in(baseline)
     return base / mine if mine and base else None
+
+
+def columns(suite: SuiteResult) -> list[str]:
+    """The selected runners, then any stand-in measured in a failed runner's place."""
+    extra = [other for m in suite.models for _, other in m.stand_ins]
+    return list(suite.runners) + [r for r in dict.fromkeys(extra) if r not in suite.runners]
 
 
 def geomean(values: Sequence[float]) -> Optional[float]:
@@ -45,19 +52,21 @@ def _cell(model: ModelResult, runner: str, baseline: str) -> str:
     if r is None:
         return "–"
     if r.status != OK:
-        return r.status
+        other = model.stand_in(runner)
+        return f"{r.status} (→ {other})" if other else r.status
     ratio = speedup(model, runner, baseline)
     return f"{_ms(r.latency)} ({ratio:.2f}×)" if ratio else _ms(r.latency)
 
 
 def latency_table(suite: SuiteResult) -> str:
-    head = ["model", "batch", *suite.runners]
+    runners = columns(suite)
+    head = ["model", "batch", *runners]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in suite.models:
         lines.append("| " + " | ".join([m.model, str(m.batch)] +
-                                        [_cell(m, r, suite.baseline) for r in suite.runners]) + " |")
+                                        [_cell(m, r, suite.baseline) for r in runners]) + " |")
     means = []
-    for r in suite.runners:
+    for r in runners:
         g = geomean([s for m in suite.models if (s := speedup(m, r, suite.baseline))])
         means.append(f"{g:.2f}×" if g else "–")
     lines.append("| geomean speedup vs " + suite.baseline + " | | " + " | ".join(means) + " |")
@@ -105,7 +114,9 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
         "",
         f"Cells: median latency in ms (speedup = {suite.baseline} latency / this latency; "
         "> 1 is faster). Runners were called in alternation and every output was checked "
-        "against onnxruntime (graph optimisations off) before timing.",
+        "against onnxruntime (graph optimisations off) before timing. `failed (→ X)` / "
+        "`wrong (→ X)`: the runner was not timed and X was measured in its place; X's "
+        "latency is then the baseline of that row.",
         "",
         latency_table(suite),
         "",
@@ -139,7 +150,7 @@ def write_chart(suite: SuiteResult, path: Path) -> Optional[str]:
         return "matplotlib is not installed: no chart (pip install 'tvm_einweld[plot]')"
     labels = [f"{m.model}\nb{m.batch}" for m in suite.models]
     # Only runners with at least one timed result get a bar colour and a legend entry.
-    runners = [r for r in suite.runners if any(m.latency(r) for m in suite.models)]
+    runners = [r for r in columns(suite) if any(m.latency(r) for m in suite.models)]
     width = 0.8 / max(1, len(runners))
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(labels)), 4))
     for i, runner in enumerate(runners):
