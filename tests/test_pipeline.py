@@ -38,3 +38,23 @@ def test_pipeline_with_tuning_matches_the_stock_build(tmp_path):
         [stages, relax.pipeline.default_build_pipeline()]))
     assert stages.tuned and any(tmp_path.iterdir())
     np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_derived_kernels_survive_the_tuning_stage_preparation():
+    """The tuning stage legalises and fuses the derived module again (FuseTIR copies a
+    kernel's global symbol into the kernel it makes): the result must still build and equal
+    the stock build. A rewrite is forced (min_speedup=0, no measured confirmation) so
+    eOperators are in the module."""
+    from tvm_einweld.auto_scheduler_ext.entry_points import prepare_relax
+
+    mod = builtin_model(channels=8, size=10)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    expected = run(tvm.compile(mod, "llvm"), x)
+    stages = tvm_einweld.EinweldOptimize("llvm", fuse=False,
+                                         derive_options={"min_speedup": 0.0,
+                                                         "confirm_by_measurement": False})
+    derived = stages(mod)
+    assert any(r.applied for r in stages.derivation.last_results)
+    target = tvm.target.Target("llvm")
+    ex = tvm.compile(prepare_relax(derived, None, target), target)
+    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)

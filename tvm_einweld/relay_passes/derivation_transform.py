@@ -58,7 +58,7 @@ from .op_cost import (
 from .rewrite_log import active_logs, write_records
 from .search import Budget, SearchResult, SearchStats, State, default_rules, \
     default_targets, distance_guided_search
-from .subprograms import OpNode, Subprogram, matching_symbols, rebuild_function, split_module
+from .subprograms import OpNode, Subprogram, rebuild_function, split_module, without_new_symbols
 
 Values = Mapping[str, relax.Expr]
 Emit = Callable[[relax.BlockBuilder, Values], relax.Expr]
@@ -250,7 +250,7 @@ def subprogram_module(ops: Sequence[OpNode], emits: Optional[Sequence[Emit]] = N
                 outs.append(var)
             out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
         bb.emit_func_output(out)
-    return matching_symbols(bb.get())
+    return without_new_symbols(bb.get())
 
 
 _EOP_SUFFIX = re.compile(r"[_\d]+$")

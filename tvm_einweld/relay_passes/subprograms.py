@@ -179,22 +179,25 @@ def rebuild_function(mod, name: str, replacements: Mapping[relax.Var, Emitter]):
     else:
         new_func = new_func.without_attr("global_symbol")
     functions[gvar] = new_func
-    return matching_symbols(tvm.IRModule(functions, attrs=mod.attrs))
+    return without_new_symbols(tvm.IRModule(functions, attrs=mod.attrs), mod)
 
 
-def matching_symbols(mod):
-    """`mod` with every TIR function's global symbol set to its GlobalVar's name.
+def without_new_symbols(mod, old=None):
+    """`mod` without the global symbol of every TIR function that `old` (a module) lacks.
 
-    Kernels added under a name already taken get a fresh GlobalVar name from the builder but
-    keep the symbol they were made with; two equal symbols would not build.
+    Relax's own kernels carry no symbol until the build's AttachGlobalSymbol names each after
+    its GlobalVar. A symbol set earlier breaks that: a kernel added under a name already taken
+    keeps its old symbol, and FuseTIR copies a kernel's symbol into the fused kernel it makes,
+    so two functions end up with one symbol and the module does not build.
     """
     import tvm
 
+    kept = {gv.name_hint for gv in old.functions} if old is not None else set()
     updates = {}
     for gv, func in mod.functions_items():
-        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and \
-                "global_symbol" in func.attrs and str(func.attrs["global_symbol"]) != gv.name_hint:
-            updates[gv] = func.with_attr("global_symbol", gv.name_hint)
+        if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint not in kept and \
+                func.attrs is not None and "global_symbol" in func.attrs:
+            updates[gv] = func.without_attr("global_symbol")
     if not updates:
         return mod
     functions = {gv: updates.get(gv, f) for gv, f in mod.functions_items()}
@@ -225,4 +228,4 @@ def _same_type(a, b) -> bool:
 
 
 __all__ = ["ACTIVATIONS", "OpNode", "Subprogram", "Split", "split_function", "split_module",
-           "rebuild_function", "matching_symbols"]
+           "rebuild_function", "without_new_symbols"]
