@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", help="comma-separated batch sizes (default: 1)")
     parser.add_argument("--runners", help="comma-separated runners (default: all built in)")
     parser.add_argument("--trials", type=int, help="MetaSchedule trials per model for tuned "
-                        "runners (default: 0 quick, 1000 full)")
+                        "runners (default: 0 quick, 128 full)")
     parser.add_argument("--repeats", type=int, help="timed repetitions per runner")
     parser.add_argument("--baseline", help="runner the speedups are relative to "
                         "(default: tvm-tuned when selected)")
