@@ -197,7 +197,7 @@ def test_machine_measurements_are_positive_and_cached(tmp_path, monkeypatch) -> 
 
 
 
-def test_measurement_timeouts_apply_inside_the_block_only() -> None:
+def test_measurement_settings_apply_inside_the_block_only() -> None:
     """The defaults MetaSchedule's `Builder.create("local")` / `Runner.create("local")` use.
     (Creating them spawns worker processes, seconds each: read the defaults instead.)"""
     import inspect
@@ -205,13 +205,16 @@ def test_measurement_timeouts_apply_inside_the_block_only() -> None:
     from tvm.s_tir.meta_schedule.builder import LocalBuilder
     from tvm.s_tir.meta_schedule.runner import LocalRunner
 
-    from tvm_einweld.bench.runners import measurement_timeouts
+    from tvm_einweld.bench.runners import measurement_settings
+
+    from tvm_einweld.auto_scheduler_ext.build_fn import build_cpu_kernel
 
     def defaults() -> tuple:
-        return tuple(inspect.signature(c._cls.__init__).parameters["timeout_sec"].default
-                     for c in (LocalBuilder, LocalRunner))
+        return tuple(inspect.signature(c._cls.__init__).parameters[p].default
+                     for c, p in [(LocalBuilder, "timeout_sec"), (LocalRunner, "timeout_sec"),
+                                  (LocalBuilder, "f_build")])
 
     before = defaults()
-    with measurement_timeouts(123.0):
-        assert defaults() == (123.0, 123.0)
-    assert defaults() == before == (30.0, 30)
+    with measurement_settings(123.0):
+        assert defaults() == (123.0, 123.0, build_cpu_kernel)
+    assert defaults() == before == (30.0, 30, None)

@@ -101,6 +101,18 @@ def test_bench_command_runs_end_to_end(tmp_path, monkeypatch, capsys) -> None:
     assert "geomean speedup vs tvm-untuned" in out and "wrote" in out
 
 
+def test_suite_reports_each_finished_model(tmp_path, monkeypatch) -> None:
+    """A long run cut short keeps its finished rows: `on_model` sees each partial result."""
+    monkeypatch.setattr(suite, "describe_machine", lambda: MACHINE)
+    config = suite.with_overrides(suite.QUICK, models=("fsrcnn", "nerf"),
+                                  runners=("onnxruntime",), baseline="onnxruntime")
+    partials = []
+    final = suite.run_suite(config, log=lambda s: None, on_model=partials.append)
+    assert [[m.model for m in p.models] for p in partials] == [["fsrcnn"], ["fsrcnn", "nerf"]]
+    assert "partial: 1 more model(s) to measure" in partials[0].notes
+    assert not any(n.startswith("partial") for n in final.notes)
+
+
 def test_bench_list(tmp_path, capsys) -> None:
     assert bench.run(_args(tmp_path, list=True)) == 0
     out = capsys.readouterr().out

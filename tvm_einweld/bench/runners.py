@@ -102,16 +102,23 @@ MEASURE_TIMEOUT_SECONDS = 300.0
 
 
 @contextlib.contextmanager
-def measurement_timeouts(seconds: float = MEASURE_TIMEOUT_SECONDS):
+def measurement_settings(seconds: float = MEASURE_TIMEOUT_SECONDS):
     """Within the block, MetaSchedule's default local builder/runner wait `seconds` per
-    candidate. (The tuning pipelines create them with defaults and expose no timeout.)"""
+    candidate (the tuning pipelines create them with defaults and expose no timeout), and the
+    builder builds with `build_cpu_kernel`: MetaSchedule's default build without importing
+    every target's tensor intrinsics in each fresh worker (30-80 s per batch on 2 cores;
+    CPU float32 kernels never tensorize), so the same candidates build in a fraction of the
+    time."""
     from tvm.s_tir.meta_schedule.builder import LocalBuilder
     from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+    from ..auto_scheduler_ext.build_fn import build_cpu_kernel
 
     # The classes are wrapped by `derived_object`; `_cls` is the Python class it wraps.
     build_init, run_init = LocalBuilder._cls.__init__, LocalRunner._cls.__init__
     saved = dict(build_init.__kwdefaults__), run_init.__defaults__
     build_init.__kwdefaults__["timeout_sec"] = seconds
+    build_init.__kwdefaults__["f_build"] = build_cpu_kernel
     run_init.__defaults__ = (seconds, *run_init.__defaults__[1:])
     try:
         yield
@@ -158,7 +165,7 @@ def _tvm_tuned(prepack: bool) -> PrepareFn:
             from_onnx(model, keep_params_in_input=prepack))
         per_task = -(-trials // count_tuning_tasks(mod, target)) if trials > 0 else None
         work_dir.mkdir(parents=True, exist_ok=True)
-        with measurement_timeouts():
+        with measurement_settings():
             mod = relax.pipeline.static_shape_tuning_pipeline(
                 total_trials=trials, target=target, work_dir=str(work_dir),
                 cpu_weight_prepack=prepack, max_trials_per_task=per_task,
@@ -208,7 +215,7 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunF
 
     work_dir.mkdir(parents=True, exist_ok=True)
     stages = EinweldOptimize(host_target(), trials=trials, work_dir=str(work_dir))
-    with measurement_timeouts():
+    with measurement_settings():
         executable = tvm.compile(from_onnx(model), host_target(),
                                  relax_pipeline=tvm.transform.Sequential(
                                      [stages, relax.pipeline.default_build_pipeline()]))

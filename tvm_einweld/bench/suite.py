@@ -56,8 +56,12 @@ def resolve_runners(names: Sequence[str]) -> list[Runner]:
 
 
 def run_suite(config: BenchConfig, command: Optional[str] = None,
-              log: Callable[[str], None] = print) -> SuiteResult:
-    """Measure every (model, batch) of `config`; batches a model does not fit are skipped."""
+              log: Callable[[str], None] = print,
+              on_model: Optional[Callable[[SuiteResult], None]] = None) -> SuiteResult:
+    """Measure every (model, batch) of `config`; batches a model does not fit are skipped.
+
+    `on_model` gets the result so far after each (model, batch), so a long run that is cut
+    short still leaves its finished rows (the notes say how many are still to come)."""
     runners = resolve_runners(config.runners)
     for m in config.models:
         get_model(m)  # fail early on a typo, before any tuning
@@ -73,6 +77,21 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
     for note in notes:
         log(note)
     results: list[ModelResult] = []
+
+    def result(notes_now: list[str]) -> SuiteResult:
+        return SuiteResult(
+            command=command or " ".join(shlex.quote(a) for a in sys.argv),
+            started_utc=started.isoformat(timespec="seconds"),
+            wall_seconds=time.perf_counter() - start,
+            machine=machine,
+            load_average=load,
+            trials=config.trials,
+            runners=tuple(r.name for r in runners),
+            baseline=config.baseline,
+            models=tuple(results),
+            notes=tuple(notes_now),
+        )
+
     with tempfile.TemporaryDirectory(prefix="einweld_bench_") as tmp:
         work_dir = Path(config.work_dir or tmp)
         for name in config.models:
@@ -84,18 +103,10 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
                 log(f"{name} batch {batch}: {entry.summary}")
                 results.append(benchmark_model(name, entry.build(batch), batch, runners,
                                                config.trials, work_dir, config.plan, log=log))
-    return SuiteResult(
-        command=command or " ".join(shlex.quote(a) for a in sys.argv),
-        started_utc=started.isoformat(timespec="seconds"),
-        wall_seconds=time.perf_counter() - start,
-        machine=machine,
-        load_average=load,
-        trials=config.trials,
-        runners=tuple(r.name for r in runners),
-        baseline=config.baseline,
-        models=tuple(results),
-        notes=tuple(notes),
-    )
+                if on_model is not None:
+                    left = len(config.models) - 1 - config.models.index(name)
+                    on_model(result(notes + [f"partial: {left} more model(s) to measure"]))
+    return result(notes)
 
 
 def with_overrides(config: BenchConfig, **changes) -> BenchConfig:

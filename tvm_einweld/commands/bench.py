@@ -67,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown runner or baseline {', '.join(unknown or [baseline])}; "
                         f"known: {', '.join(RUNNERS)}")
     command = "python -m tvm_einweld bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    result = suite.run_suite(config, command=getattr(args, "command_line", None) or command)
+    result = suite.run_suite(config, command=getattr(args, "command_line", None) or command,
+                             on_model=lambda partial: report.write_report(partial, args.output,
+                                                                          chart=False))
     notes = report.write_report(result, args.output, chart=not args.no_chart)
     print()
     print(report.markdown(result))
