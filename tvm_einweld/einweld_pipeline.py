@@ -10,7 +10,8 @@ Stages, in order:
   1. DerivationTransform (EinNet): verified rewrites of operators into cheaper programs;
   2. stock legalisation and fusion (LegalizeOps, FuseOps, FuseTIR: `tir_passes.prepare`);
   3. TileGraphFusion (Welder): fused groups with intermediates in per-tile buffers, each
-     checked against the unfused kernels before it replaces them;
+     checked against the unfused kernels before it replaces them (with a tuning budget only
+     groups of two or more operators: the tuner schedules lone operators better);
   4. adaptive-layout tuning (AL-Ansor) of the remaining kernels when `trials > 0`, applied
      with the compile-time weight layout transform;
   5. TVM's default Relax lowering (`relax.pipeline.default_build_pipeline`).
@@ -83,7 +84,9 @@ class EinweldOptimize:
                 prepare(),
             ])(mod)
             if self.fuse:
-                self.fusion = TileGraphFusion(target, **self.fuse_options)
+                # With a tuning budget, lone operators are left to the tuner (`singles`).
+                options = {"singles": self.trials == 0, **self.fuse_options}
+                self.fusion = TileGraphFusion(target, **options)
                 mod = self.fusion(mod)
             if self.trials > 0:
                 mod = self._tune(mod, target)
