@@ -2,7 +2,7 @@
 
 The same code as `python -m tvm_einweld bench`; see `--help`. `--quick` measures three
 small models without tuning in a few minutes on 2 cores; without it every zoo model is
-measured with 128 MetaSchedule trials per model for each tuned runner (about 2 hours on 2
+measured with 128 MetaSchedule trials per model for each tuned runner (4-5 hours on 2
 cores). `--trials`, `--models`, `--runners`, `--batch` override either preset.
 """
 from __future__ import annotations

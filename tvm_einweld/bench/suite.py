@@ -41,10 +41,10 @@ ALL_MODELS = ("infogan", "dcgan", "fsrcnn", "gcn", "resnet18", "csrnet", "longfo
 # minutes per task on a busy 2-core machine); `--trials N` adds a budget.
 QUICK = BenchConfig(models=("infogan", "fsrcnn", "mobilenetv2"), trials=0,
                     plan=TimingPlan(repeats=5, warmup=1))
-# Every model at batch 1 with 128 MetaSchedule trials per model for each tuned runner: the
-# budget whose whole run (both tuned runners, all 12 models) fits about 2 hours on 2 cores
-# (benchmarks/zoo.md records the wall time). `--trials` sets a larger one; at ~1.2 s per
-# trial, 1000 trials per model is about 8 hours of tuning here.
+# Every model at batch 1 with 128 MetaSchedule trials per model for each tuned runner. On 2
+# cores this takes 4-5 hours (measured: 2-5 min of stock tuning for the GAN generators and
+# FSRCNN, 15 min for GCN, and as much again wherever stock pre-packing is wrong and its
+# stand-in is tuned); `--models`, `--trials` and `--runners` cut it down.
 FULL = BenchConfig(models=ALL_MODELS, trials=128, plan=TimingPlan(repeats=5, warmup=1))
 
 
