@@ -58,3 +58,39 @@ def test_derived_kernels_survive_the_tuning_stage_preparation():
     target = tvm.target.Target("llvm")
     ex = tvm.compile(prepare_relax(derived, None, target), target)
     np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def _doubled(mod):
+    """`mod` whose main returns twice what it did."""
+    funcs = {gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"}
+    bb = relax.BlockBuilder(tvm.IRModule(funcs))
+    inner = bb.add_func(mod["main"].without_attr("global_symbol"), "inner")
+    x = relax.Var("x", mod["main"].params[0].ty)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.Call(inner, [x]))
+            out = bb.emit_output(relax.op.multiply(y, relax.const(2.0, "float32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_wrong_tuned_module_is_not_used(tmp_path, monkeypatch):
+    """Planted fault: the tuning stage returns a module that computes something else (as stock
+    TVM's weight pre-packing does for some tuned ConvTranspose kernels). The pipeline must
+    notice, warn and keep the untuned module."""
+    from tvm_einweld.auto_scheduler_ext import entry_points
+
+    def wrong_stage(target, work_dir, trials, **kwargs):
+        return tvm.transform.module_pass(lambda mod, _ctx: _doubled(mod), opt_level=0)
+
+    monkeypatch.setattr(entry_points, "adaptive_layout_tuning_pass", wrong_stage)
+    mod = builtin_model(channels=8, size=10)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    expected = run(tvm.compile(mod, "llvm"), x)
+    stages = tvm_einweld.EinweldOptimize(trials=8, work_dir=str(tmp_path), derive=False,
+                                         fuse=False)
+    with pytest.warns(UserWarning, match="disagrees"):
+        ex = tvm.compile(mod, "llvm", relax_pipeline=tvm.transform.Sequential(
+            [stages, relax.pipeline.default_build_pipeline()]))
+    assert not stages.tuned and not stages.tuning_check.equal
+    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
