@@ -36,7 +36,8 @@ def test_pipeline_with_tuning_matches_the_stock_build(tmp_path):
                                          fuse=False)
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm.transform.Sequential(
         [stages, relax.pipeline.default_build_pipeline()]))
-    assert stages.tuned and any(tmp_path.iterdir())
+    assert stages.tuning_check.equal and any(tmp_path.iterdir())
+    assert stages.tuned == (stages.tuning_seconds[1] < stages.tuning_seconds[0])
     np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
 
 
@@ -94,3 +95,19 @@ def test_a_wrong_tuned_module_is_not_used(tmp_path, monkeypatch):
             [stages, relax.pipeline.default_build_pipeline()]))
     assert not stages.tuned and not stages.tuning_check.equal
     np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
+    """Planted timings: the tuned module measures slower than the untuned one, so the
+    pipeline keeps the untuned kernels (and says so)."""
+    import tvm_einweld.einweld_pipeline as pipeline_mod
+
+    times = iter([1.0, 2.0])  # untuned, tuned
+    monkeypatch.setattr(pipeline_mod, "measure_module", lambda mod, target: next(times))
+    mod = builtin_model(channels=8, size=10)
+    stages = tvm_einweld.EinweldOptimize("llvm", trials=4, work_dir=str(tmp_path),
+                                         derive=False, fuse=False)
+    with pytest.warns(UserWarning, match="not faster"):
+        stages(mod)
+    assert stages.tuning_check.equal and not stages.tuned
+    assert stages.tuning_seconds == (1.0, 2.0)

@@ -10,10 +10,10 @@ Stages, in order:
   1. DerivationTransform (EinNet): verified rewrites of operators into cheaper programs;
   2. stock legalisation and fusion (LegalizeOps, FuseOps, FuseTIR: `tir_passes.prepare`);
   3. TileGraphFusion (Welder): fused groups with intermediates in per-tile buffers, each
-     checked against the unfused kernels before it replaces them (with a tuning budget only
-     groups of two or more operators: the tuner schedules lone operators better);
+     checked against the unfused kernels before it replaces them;
   4. adaptive-layout tuning (AL-Ansor) of the remaining kernels when `trials > 0`, applied
-     with the compile-time weight layout transform;
+     with the compile-time weight layout transform, and kept only when the whole tuned
+     module equals the untuned one on random inputs and runs faster;
   5. TVM's default Relax lowering (`relax.pipeline.default_build_pipeline`).
 Every stage leaves what it cannot prove or check unchanged, so the pipeline computes what the
 input module computes. `EinweldOptimize` is stages 1–4 alone, for `tvm.transform.Sequential`.
@@ -27,6 +27,7 @@ from typing import Any, Dict, Optional, Union
 import tvm
 from tvm import relax
 
+from .relay_passes.op_cost import measure_module
 from .verify import compare_relax
 
 TargetLike = Union[str, dict, tvm.target.Target, None]
@@ -44,8 +45,9 @@ def _resolve_target(target: TargetLike) -> tvm.target.Target:
 @tvm.transform.module_pass(opt_level=0, name="EinweldOptimize")
 class EinweldOptimize:
     """Stages 1–4 of the module docstring. After a run, `derivation` and `fusion` hold the
-    stage objects (with their reports), `tuned` says whether tuned kernels are used and
-    `tuning_check` holds the check of the tuned module against the untuned one.
+    stage objects (with their reports), `tuned` says whether tuned kernels are used,
+    `tuning_check` holds the check of the tuned module against the untuned one and
+    `tuning_seconds` the measured (untuned, tuned) module times.
 
     Parameters: `target` (default: the current target), `trials` (MetaSchedule trials for
     adaptive-layout tuning; 0 = no tuning), `work_dir` (tuning database; a temporary folder
@@ -72,6 +74,7 @@ class EinweldOptimize:
         self.fusion = None
         self.tuned = False
         self.tuning_check = None
+        self.tuning_seconds = None  # (untuned, tuned) seconds of the whole module
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
         from .relay_passes.derivation_transform import DerivationTransform
@@ -89,9 +92,7 @@ class EinweldOptimize:
                 prepare(),
             ])(mod)
             if self.fuse:
-                # With a tuning budget, lone operators are left to the tuner (`singles`).
-                options = {"singles": self.trials == 0, **self.fuse_options}
-                self.fusion = TileGraphFusion(target, **options)
+                self.fusion = TileGraphFusion(target, **self.fuse_options)
                 mod = self.fusion(mod)
             if self.trials > 0:
                 mod = self._tune(mod, target)
@@ -118,6 +119,14 @@ class EinweldOptimize:
         if not self.tuning_check.equal:
             warnings.warn("EinweldOptimize: the tuned module disagrees with the untuned one "
                           f"({self.tuning_check}); the tuning records are not used")
+            return mod
+        # A small budget spread over many tasks can leave kernels worse than the untuned
+        # (tile-scheduled) ones: the records are kept only when the whole module gains.
+        self.tuning_seconds = (measure_module(mod, target), measure_module(tuned, target))
+        if self.tuning_seconds[1] >= self.tuning_seconds[0]:
+            warnings.warn(f"EinweldOptimize: the tuned module is not faster "
+                          f"({self.tuning_seconds[1]:.3g} s vs {self.tuning_seconds[0]:.3g} s "
+                          f"untuned); the tuning records are not used")
             return mod
         self.tuned = True
         return tuned
