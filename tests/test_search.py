@@ -144,3 +144,30 @@ def test_invalid_budget():
         Budget(strategy="random")
     with pytest.raises(ValueError):
         Budget(max_states=0)
+
+
+def test_a_slow_rule_is_stopped_at_the_time_limit():
+    """A rule's proposal step that runs long (as fitting an inverse over a large modulus can)
+    is interrupted at the search's deadline, not only between states."""
+    import time
+
+    from tvm_einweld.relay_passes.deadline import DeadlineExceeded, check_deadline
+
+    interrupted = []
+
+    class Slow(Rule):
+        name = "slow"
+
+        def candidates(self, expr, is_top):
+            give_up = time.perf_counter() + 60
+            try:
+                while time.perf_counter() < give_up:
+                    check_deadline()
+            except DeadlineExceeded:
+                interrupted.append(True)
+                raise
+            return []
+
+    result = explore(conv(), [Slow()], Budget(max_depth=3, time_limit_s=0.2))
+    assert interrupted and result.stats.stopped_by == "time_limit"
+    assert not result.stats.rule_errors

@@ -18,6 +18,7 @@ import numpy as np
 from ..expr import index as ix
 from ..expr.expression import Iterator
 from ..expr.index import IndexExpr
+from .deadline import check_deadline
 
 MAX_POINTS = 4096
 
@@ -82,6 +83,7 @@ def _first_offset(u: np.ndarray, target: np.ndarray, d: int, op: str,
     fn = _FLOOR_FNS[op]
     us, ts = u[:sample], target[:sample]
     for start in range(0, d, chunk):
+        check_deadline()  # a modulus of 10^5..10^6 makes this loop the search's longest step
         cs = np.arange(start, min(d, start + chunk), dtype=np.int64)
         diff = fn(us[None, :] + cs[:, None], d) - ts[None, :]
         for c in cs[np.all(diff == diff[:, :1], axis=1)]:

@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..expr.expression import Expr
 from ..expr.fingerprint import fingerprint, structurally_equal
+from .deadline import DeadlineExceeded, search_deadline
 from .derivation import Derivation, Rule, RuleNotApplicable, check, locations
 
 Distance = Callable[[Expr], Optional[float]]
@@ -183,9 +184,14 @@ class Proposal:
     prove: Callable[[], Optional[Derivation]] = field(compare=False, repr=False)
 
 
-def proposals(expr: Expr, rules: Sequence[Rule], errors: List[str]) -> List[Proposal]:
+def proposals(expr: Expr, rules: Sequence[Rule], errors: List[str],
+              deadline: Optional[float] = None) -> List[Proposal]:
     """Every instance of every rule at every level of `expr`, unproven. A rule that overrides
-    `Rule.apply` is asked for its (proven) derivations instead."""
+    `Rule.apply` is asked for its (proven) derivations instead. Past `deadline` (a
+    `time.perf_counter()` value) the proposals found so far are returned."""
+    if deadline is not None:
+        with search_deadline(deadline):
+            return proposals(expr, rules, errors)
     out: List[Proposal] = []
     for rule in rules:
         name = getattr(rule, "name", type(rule).__name__)
@@ -200,6 +206,8 @@ def proposals(expr: Expr, rules: Sequence[Rule], errors: List[str]) -> List[Prop
                     except RuleNotApplicable:
                         continue
                     out.append(Proposal(name, result, _prover(name, cand, loc)))
+        except DeadlineExceeded:
+            break  # the search is out of time: it stops at its next check
         except Exception as err:  # a faulty rule must not stop the search; it is reported
             errors.append(f"{name} on {expr}: {type(err).__name__}: {err}")
     return out
@@ -265,7 +273,7 @@ def _explore(start: State, rules, budget: Budget, clock: _Clock, seen: _Seen,
         if state.depth >= budget.max_depth:
             continue
         expanded += 1
-        props = proposals(state.expr, rules, errors)
+        props = proposals(state.expr, rules, errors, clock.deadline)
         rng.shuffle(props)
         for prop in props:
             if seen.known(prop.result, state.depth + 1):
@@ -289,6 +297,8 @@ def _explore(start: State, rules, budget: Budget, clock: _Clock, seen: _Seen,
             if clock.out():
                 stop = True
                 break
+    if clock.stopped_by == "exhausted":
+        clock.out()  # proposals cut short by the deadline can empty the frontier early
     stats = SearchStats(len(states), seen.pruned, seen.collisions, expanded, clock.seconds,
                         clock.stopped_by, tuple(errors))
     return SearchResult(start, tuple(states), stats, _best_per_depth(states, rank, priority))
@@ -348,7 +358,7 @@ def converge(
         key, _, state = heapq.heappop(frontier)
         if state.depth - start.depth >= budget.max_depth:
             continue
-        props = proposals(state.expr, rules, errors)
+        props = proposals(state.expr, rules, errors, clock.deadline)
         rng.shuffle(props)
         for prop in props:
             d = distance(prop.result)
