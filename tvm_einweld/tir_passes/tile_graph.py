@@ -112,7 +112,6 @@ def build_tile_graph(mod: ir.IRModule, func_name: str = "main") -> TileGraph:
         name_of(param)
     nodes: list[Node] = []
     read_outside: list = []  # values read by bindings that are not nodes
-    call_tir = ir.Op.get("relax.call_tir")
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
