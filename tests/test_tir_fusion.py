@@ -178,26 +178,6 @@ def test_shared_intermediate_stays_in_dram():
     assert not any(exp_node == a for a, _ in fuse.report.plan.connected)
 
 
-def test_without_singles_lone_operators_keep_their_kernels():
-    # Two matmuls separated by a packed call cannot fuse: with singles=False neither is
-    # replaced (both stay tuning tasks); with the default both are tiled.
-    from tvm_einweld.relay_passes import numpy_gemm
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((64, 32), "float32"))
-    w = relax.Var("w", relax.TensorType((32, 32), "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.matmul(x, w))
-            g = bb.emit(numpy_gemm.matmul_call(y, w))
-            out = bb.emit_output(relax.op.matmul(g, w))
-        bb.emit_func_output(out)
-    _, _, alone = _fuse_and_compare(bb.get(), measure=False, singles=False)
-    assert alone.replaced == ()
-    _, _, tiled = _fuse_and_compare(bb.get(), measure=False)
-    assert len(tiled.replaced) == 2
-
-
 def test_intermediate_read_by_a_packed_call_stays_in_memory():
     # matmul -> relu could be one group, but the matmul result is also read by a packed
     # function (as numpy_gemm calls in derived programs are): it must not become a tile buffer.

@@ -133,20 +133,16 @@ class TileGraphFusion:
 
     Parameters: `target` (llvm or cuda), `topk` tile configs measured per group, `measure`
     (default: True when the target is the CPU this runs on), `verify` (check each group on random
-    inputs before replacing it; on by default, and only turn it off in benchmarks that re-check),
-    `singles` (also replace single-operator groups by their tiled kernel; turn it off when a
-    tuner schedules the kernels left: it does better on lone operators, and a kernel scheduled
-    here is no tuning task).
+    inputs before replacing it; on by default, and only turn it off in benchmarks that re-check).
     """
 
     def __init__(self, target, topk: int = 4, measure: bool | None = None, verify: bool = True,
-                 device: Device | None = None, singles: bool = True):
+                 device: Device | None = None):
         self.target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
         self.device = device or device_for_target(self.target)
         self.topk = topk
         self.measure = (self.device.kind == "cpu") if measure is None else measure
         self.verify = verify
-        self.singles = singles
         self.report: FusionReport | None = None
         self._measured = 0
 
@@ -158,8 +154,7 @@ class TileGraphFusion:
         self._measured = 0
         plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory))
         replacements, rejected = [], []
-        pending = [(g.sub, g.candidate) for g in plan.groups
-                   if self.singles or len(g.sub.nodes) > 1]
+        pending = [(g.sub, g.candidate) for g in plan.groups]
         while pending:
             sub, cand = pending.pop(0)
             names = tuple(n.name for n in sub.nodes)
@@ -172,7 +167,7 @@ class TileGraphFusion:
             if result is not None and not result.ok:
                 logger.warning("TileGraphFusion leaves %s unfused: %s", names, result.message)
                 rejected.append((names, result.message))
-                if len(sub.nodes) > 1 and self.singles:  # its nodes may be tiled one by one
+                if len(sub.nodes) > 1:  # its nodes may still be tiled one by one
                     pending.extend(self._singles(graph, sub))
                 continue
             replacements.append((sub, func))
