@@ -23,7 +23,10 @@ For every Relax function:
    original operators, and the report says why. A verified rewrite is then timed against the
    original subprogram and kept only if it is faster there too;
 5. splice the chosen programs in, keeping every original variable, then fold weight-only
-   expressions (`relax.transform.FoldConstant`, the paper's compile-time evaluation).
+   expressions (`relax.transform.FoldConstant`, the paper's compile-time evaluation);
+6. run the rewritten module as a whole against the given one (`verify.module_check`: its own
+   constants, random, constant, zero and large inputs); if they disagree, return the given
+   module with a warning.
 
 Why it is correct: every replacement computes the same tensor as the call it replaces: it is
 derived by proven rules, instantiated, and then checked end to end on random inputs against
@@ -215,24 +218,35 @@ def _derived_emit(expr: Expr, providers: Optional[str]) -> Emit:
     return emit
 
 
-def subprogram_module(ops: Sequence[OpNode], emits: Optional[Sequence[Emit]] = None,
-                      constants_as_params: bool = False) -> tvm.IRModule:
-    """A module whose `main` computes `ops` (a subprogram, or one operator) and returns every
-    result; the variables they read become parameters, constants stay constants (or become
-    parameters too with `constants_as_params`, for random-input checks of weight-only code).
-    `emits[k]` replaces operator k's call."""
-    bb = relax.BlockBuilder()
-    values: Dict[relax.Expr, relax.Expr] = {}
-    params: List[relax.Var] = []
+def subprogram_inputs(ops: Sequence[OpNode], constants_as_params: bool = False
+                      ) -> List[relax.Expr]:
+    """The values `subprogram_module` turns into parameters, in parameter order: the variables
+    the operators read but do not define, and (with `constants_as_params`) their constants."""
     defined = {op.var for op in ops}
+    inputs: List[relax.Expr] = []
     for op in ops:
         for arg in op.args:
             is_input = isinstance(arg, relax.Var) and arg not in defined or \
                 (constants_as_params and isinstance(arg, Constant))
-            if is_input and arg not in values:
-                name = arg.name if isinstance(arg, relax.Var) else f"const{len(params)}"
-                values[arg] = relax.Var(name, arg.ty)
-                params.append(values[arg])
+            if is_input and all(arg is not seen for seen in inputs):
+                inputs.append(arg)
+    return inputs
+
+
+def subprogram_module(ops: Sequence[OpNode], emits: Optional[Sequence[Emit]] = None,
+                      constants_as_params: bool = False) -> tvm.IRModule:
+    """A module whose `main` computes `ops` (a subprogram, or one operator) and returns every
+    result; the variables they read become parameters, constants stay constants (or become
+    parameters too with `constants_as_params`, so that a check can draw them at random as
+    well as pass their own values). `emits[k]` replaces operator k's call."""
+    bb = relax.BlockBuilder()
+    values: Dict[relax.Expr, relax.Expr] = {}
+    params: List[relax.Var] = []
+    defined = {op.var for op in ops}
+    for arg in subprogram_inputs(ops, constants_as_params):
+        name = arg.name if isinstance(arg, relax.Var) else f"const{len(params)}"
+        values[arg] = relax.Var(name, arg.ty)
+        params.append(values[arg])
     # Emitters see every tensor name of the subprogram that is available (a merged pair reads
     # its partner's inputs); results become available as their operators are emitted.
     named = {n: values.get(a, a) for op in ops for n, a in zip(op.names, op.args)
@@ -316,6 +330,10 @@ def _points(func) -> int:
     return total[0]
 
 
+def _static_shape(ty) -> Tuple[int, ...]:
+    return tuple(int(v) for v in ty.shape.values)
+
+
 def _itemsize(ty) -> int:
     return np.dtype(str(ty.dtype)).itemsize
 
@@ -362,13 +380,18 @@ class DerivationTransform:
         self.confirm_by_measurement = confirm_by_measurement
         self.measured_attempts = max(1, measured_attempts)
         self.last_results: Tuple[SubprogramResult, ...] = ()
+        self.checks: list = []  # the whole-module check of the last run (verify.module_check)
 
     # The pass entry point.
     def transform_module(self, mod: tvm.IRModule, ctx=None) -> tvm.IRModule:
+        from ..verify.module_check import checked
+
         new_mod, results = self.analyse(mod, apply=True)
         self.last_results = results
         self._write_log(results)
-        return new_mod
+        # Each subprogram was checked alone; the module that is returned is checked whole.
+        self.checks = []
+        return checked("DerivationTransform", mod, new_mod, self.target, self.checks)
 
     def analyse(self, mod: tvm.IRModule, apply: bool = True
                 ) -> Tuple[tvm.IRModule, Tuple[SubprogramResult, ...]]:
@@ -431,7 +454,7 @@ class DerivationTransform:
         before = subprogram_module(sub.ops)
         after = subprogram_module(sub.ops, [o.chosen.emit for o in ops])
         try:
-            test = compare_relax(after, before, trials=self.verify_trials, target=self.target)
+            test = self._check_rewrite(sub, ops)
             ok, evidence = test.equal and not unproven, str(test)
         except Exception as err:  # a candidate that does not even build is not applied
             ok, evidence = False, f"verification could not run: {type(err).__name__}: {err}"
@@ -457,6 +480,24 @@ class DerivationTransform:
             kept = tuple(replace(o, chosen=o.original, notes=o.notes + (note,)) for o in ops)
             return SubprogramResult(sub, kept, False, True, evidence, before_s, after_s)
         return SubprogramResult(sub, ops, True, True, evidence, before_s, after_s)
+
+    def _check_rewrite(self, sub: Subprogram, ops: Tuple[OpResult, ...]):
+        """The rewritten subprogram against the original, with its weights as parameters:
+        drawn at random (a permutation of uniform or repeated weights is invisible with the
+        model's own values) and, as one more input set, the model's own constants with
+        random activations (the values the rewrite will really see)."""
+        from ..verify.module_check import InputSet
+        from ..verify.inputs import random_array
+
+        before = subprogram_module(sub.ops, constants_as_params=True)
+        after = subprogram_module(sub.ops, [o.chosen.emit for o in ops],
+                                  constants_as_params=True)
+        rng = np.random.default_rng(self.budget.seed)
+        own = tuple(arg.value.numpy() if isinstance(arg, Constant) else
+                    random_array(rng, _static_shape(arg.ty), str(arg.ty.dtype))
+                    for arg in subprogram_inputs(sub.ops, constants_as_params=True))
+        return compare_relax(after, before, trials=self.verify_trials, target=self.target,
+                             extra_inputs=[InputSet("own constants", own)])
 
     def optimise_op(self, op: OpNode) -> OpResult:
         notes: List[str] = []

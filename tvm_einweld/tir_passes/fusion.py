@@ -9,7 +9,8 @@ memory), and every node left alone but tileable is replaced by its tiled kernel.
 Why it is correct: a group is replaced only after its kernel computed the same output as the
 group's original PrimFuncs (TVM's own build) on random inputs (`measure.check_group`); a group
 whose kernel cannot be generated or fails that check keeps its original calls, and a warning
-says why. The replacement call sits where the group's last node was and reads the same tensors;
+says why. The module the pass returns is then run as a whole against the module it was given
+(`verify.module_check`); if they disagree the given module is returned, with a warning. The replacement call sits where the group's last node was and reads the same tensors;
 intermediates it removes were read by no one outside the group (see `tile_graph.subgraph`).
 On a CUDA target, which cannot run here, the check runs on the CPU kernel generated from the same
 tile plan, and tile configurations are chosen by the cost model instead of by measurement.
@@ -144,9 +145,19 @@ class TileGraphFusion:
         self.measure = (self.device.kind == "cpu") if measure is None else measure
         self.verify = verify
         self.report: FusionReport | None = None
+        self.checks: list = []  # the whole-module check of the last run (verify.module_check)
         self._measured = 0
 
     def transform_module(self, mod: ir.IRModule, _ctx) -> ir.IRModule:
+        from ..verify.module_check import checked
+
+        self.checks = []
+        fused = self._fuse(mod)
+        if not self.verify:
+            return fused
+        return checked("TileGraphFusion", mod, fused, self.target, self.checks)
+
+    def _fuse(self, mod: ir.IRModule) -> ir.IRModule:
         graph = build_tile_graph(mod, "main")
         if not graph.nodes:
             return mod

@@ -179,33 +179,6 @@ def replace_nonlinear_ops(mod):
     return mutator.builder_.get()
 
 
-def _signature(mod, func_name: str) -> List[Tuple[Tuple[int, ...], str]]:
-    from tvm import relax
-
-    if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
-        raise ValueError(f"module has no function {func_name!r}")
-    sig = []
-    for param in mod[func_name].params:
-        ty = param.ty
-        if not isinstance(ty, relax.TensorType) or ty.shape is None:
-            raise NotImplementedError(
-                f"parameter {param.name} has type {ty}; only tensors of static shape "
-                f"are supported")
-        try:
-            shape = tuple(int(v) for v in ty.shape.values)
-        except (TypeError, AttributeError) as err:
-            raise NotImplementedError(
-                f"parameter {param.name} has a symbolic shape {ty.shape}") from err
-        sig.append((shape, str(ty.dtype)))
-    return sig
-
-
-def _flatten(value) -> List[np.ndarray]:
-    if hasattr(value, "numpy"):
-        return [value.numpy()]
-    return [arr for item in value for arr in _flatten(item)]
-
-
 def compare_relax(
     mod_a,
     mod_b,
@@ -216,13 +189,18 @@ def compare_relax(
     target: str = "llvm",
     rtol: Optional[float] = None,
     atol: Optional[float] = None,
+    extra_inputs: Sequence = (),
 ) -> TestResult:
     """Build both modules with `tvm.compile`, run `func_name` on shared random inputs.
 
     The functions must take the same parameters (static shapes and dtypes); every output
-    (tuples are flattened) is compared with the tolerance of its dtype.
+    (tuples are flattened) is compared with the tolerance of its dtype. `extra_inputs`
+    (`module_check.InputSet`s) are run after the `trials` random draws.
     """
-    sig_a, sig_b = _signature(mod_a, func_name), _signature(mod_b, func_name)
+    # module_check imports this module, so it is imported here
+    from .module_check import CompiledModule, InputSet, compare_compiled, signature
+
+    sig_a, sig_b = signature(mod_a, func_name), signature(mod_b, func_name)
     what = f"Relax function {func_name!r} of two modules on {target}"
     if sig_a != sig_b:
         return TestResult(False, f"parameters differ: {sig_a} vs {sig_b} ({what})", 0,
@@ -230,44 +208,14 @@ def compare_relax(
     if replace_nonlinear:
         mod_a, mod_b = replace_nonlinear_ops(mod_a), replace_nonlinear_ops(mod_b)
         what += ", relu/tanh/sigmoid/exp replaced by polynomials"
-    run_a = _Runner(mod_a, func_name, target)
-    run_b = _Runner(mod_b, func_name, target)
-    pairs, dtypes = [], set()
+    sets = []
     for trial in range(trials):
         rng = np.random.default_rng(seed + trial)
-        arrays = [random_array(rng, shape, dtype) for shape, dtype in sig_a]
-        outs_a, outs_b = run_a(arrays), run_b(arrays)
-        if len(outs_a) != len(outs_b):
-            return TestResult(False, f"{len(outs_a)} outputs vs {len(outs_b)} ({what})", trial,
-                              float("inf"), float("inf"), 0.0)
-        for k, (got, ref) in enumerate(zip(outs_a, outs_b)):
-            if got.dtype != ref.dtype:
-                return TestResult(False, f"output {k} dtypes differ: {got.dtype} vs {ref.dtype}"
-                                  f" ({what})", trial, float("inf"), float("inf"), 0.0)
-            pairs.append((f"trial {trial} output {k}", got, ref))
-            dtypes.add(str(ref.dtype))
-    # Outputs of several dtypes are held to the loosest of their tolerances.
-    loosest = max(dtypes, key=lambda d: tolerance_for(d)[0], default="float64")
-    return compare_arrays(pairs, loosest, what, trials, rtol, atol)
-
-
-class _Runner:
-    """Compiles a module once and runs one of its functions on numpy arrays."""
-
-    def __init__(self, mod, func_name: str, target: str) -> None:
-        import tvm
-        from tvm import relax
-
-        self.dev = tvm.device(tvm.target.Target(target).get_target_device_type(), 0)
-        self.vm = relax.VirtualMachine(tvm.compile(mod, target=target), self.dev)
-        self.func_name = func_name
-
-    def __call__(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
-        import tvm
-
-        out = self.vm[self.func_name](*[tvm.runtime.tensor(a, self.dev) for a in arrays])
-        return _flatten(out)
-
+        sets.append(InputSet(f"trial {trial}",
+                             tuple(random_array(rng, shape, dtype) for shape, dtype in sig_a)))
+    sets += list(extra_inputs)
+    return compare_compiled(CompiledModule(mod_a, target, func_name),
+                            CompiledModule(mod_b, target, func_name), sets, what, rtol, atol)
 
 __all__ = ["TestResult", "compare_expressions", "compare_relax", "compare_arrays",
            "replace_nonlinear_ops", "tolerance_for", "TOLERANCES", "NONLINEAR_OPS"]

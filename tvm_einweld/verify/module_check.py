@@ -1,0 +1,249 @@
+"""End-to-end check of a whole module against the module it replaces.
+
+Every rewrite is checked alone where it is made (`random_testing.compare_relax` on its
+subprogram), but a module is more than its parts: rewrites compose, memory planning places
+their buffers, providers run inside the real module, and the module's own constants (uniform,
+zero, repeated or pruned weights occur in real models) drive activations to magnitudes that
+random inputs in [-1, 1] never reach. A SqueezeNet whose weights are all 0.02 has logits near
+1e10, where one float32 ulp is 1024: the softmax over them is decided by rounding, so any
+change of summation order between output channels changes the answer, while every rewritten
+part was "equal to 1e-7". Only running the module that is returned, with its constants as
+given, sees that.
+
+`check_module(stage, before, after, target)` compiles both modules the way they will run
+(`tvm.compile` for the full target: same legalisation, memory planning and providers), runs
+`main` on a family of inputs — i.i.d. uniform draws, all ones, all zeros, large magnitudes
+(`input_sets`) — and compares every output with the dtype's tolerance. A stage whose output
+disagrees is not used: callers fall back to the module they were given and say which stage.
+Compiled modules and their outputs are memoised by structural hash, so checking a chain of
+stages compiles each distinct module once.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .inputs import random_array
+from .random_testing import TestResult, compare_arrays, tolerance_for
+
+Signature = Sequence[Tuple[Tuple[int, ...], str]]
+
+# Magnitude of the "large" input set: far outside [-1, 1] (overflow, cancellation and
+# approximations of transcendental functions show there) but not so far that every float32
+# model overflows.
+LARGE_SCALE = 100.0
+
+
+@dataclass(frozen=True)
+class InputSet:
+    """One named set of arguments for a function (one array per parameter)."""
+
+    name: str
+    arrays: Tuple[np.ndarray, ...]
+
+
+def input_sets(signature: Signature, seed: int = 0, random_draws: int = 2
+               ) -> Tuple[InputSet, ...]:
+    """The inputs a module check runs: `random_draws` uniform [-1, 1] draws, then all ones,
+    all zeros and uniform draws scaled by `LARGE_SCALE` (integers stay in {-1, 0, 1})."""
+    sets = []
+    for k in range(random_draws):
+        rng = np.random.default_rng(seed + k)
+        sets.append(InputSet(f"random {k}", tuple(random_array(rng, s, d) for s, d in signature)))
+    sets.append(InputSet("ones", tuple(np.ones(s, _np(d)) for s, d in signature)))
+    sets.append(InputSet("zeros", tuple(np.zeros(s, _np(d)) for s, d in signature)))
+    rng = np.random.default_rng(seed + random_draws)
+    large = []
+    for shape, dtype in signature:
+        arr = random_array(rng, shape, dtype)
+        large.append(arr * np.asarray(LARGE_SCALE, arr.dtype) if arr.dtype.kind == "f" else arr)
+    sets.append(InputSet("large", tuple(large)))
+    return tuple(sets)
+
+
+def _np(dtype: str) -> np.dtype:
+    return np.dtype("float32") if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def signature(mod, func_name: str = "main") -> List[Tuple[Tuple[int, ...], str]]:
+    """(shape, dtype) of every parameter of `mod[func_name]`; NotImplementedError for a
+    parameter that is not a tensor of static shape."""
+    from tvm import relax
+
+    if func_name not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise ValueError(f"module has no function {func_name!r}")
+    sig = []
+    for param in mod[func_name].params:
+        ty = param.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise NotImplementedError(f"parameter {param.name} has type {ty}; only tensors of "
+                                      f"static shape can be checked")
+        try:
+            shape = tuple(int(v) for v in ty.shape.values)
+        except (TypeError, AttributeError) as err:
+            raise NotImplementedError(
+                f"parameter {param.name} has a symbolic shape {ty.shape}") from err
+        sig.append((shape, str(ty.dtype)))
+    return sig
+
+
+class CompiledModule:
+    """`mod` built once with `tvm.compile` for `target`; `outputs(inputs)` runs `func_name`
+    (every output, tuples flattened) and remembers the result per input set."""
+
+    def __init__(self, mod, target, func_name: str = "main") -> None:
+        import tvm
+        from tvm import relax
+
+        target = _as_target(target)
+        self.func_name = func_name
+        self.signature = signature(mod, func_name)
+        self.device = tvm.device(target.get_target_device_type(), 0)
+        start = time.perf_counter()
+        self.vm = relax.VirtualMachine(tvm.compile(mod, target=target), self.device)
+        self.compile_seconds = time.perf_counter() - start
+        self._outputs: dict = {}
+
+    def outputs(self, inputs: InputSet) -> List[np.ndarray]:
+        if inputs.name not in self._outputs:
+            import tvm
+
+            args = [tvm.runtime.tensor(a, self.device) for a in inputs.arrays]
+            self._outputs[inputs.name] = _flatten(self.vm[self.func_name](*args))
+        return self._outputs[inputs.name]
+
+
+def _flatten(value) -> List[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    return [arr for item in value for arr in _flatten(item)]
+
+
+def _as_target(target):
+    import tvm
+
+    return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+
+
+def _kind(target) -> str:
+    return str(_as_target(target).kind.name)
+
+
+def _has_device(target) -> bool:
+    import tvm
+
+    return bool(tvm.device(_as_target(target).get_target_device_type(), 0).exist)
+
+
+_CACHE: "OrderedDict[tuple, CompiledModule]" = OrderedDict()
+_CACHE_SIZE = 4
+
+
+def compiled(mod, target, func_name: str = "main") -> CompiledModule:
+    """The `CompiledModule` of `mod` for `target`, shared by every check in this process
+    (keyed by structural hash; the few most recent are kept)."""
+    from tvm_ffi import structural_hash
+
+    key = (structural_hash(mod), str(target), func_name)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    module = CompiledModule(mod, target, func_name)
+    _CACHE[key] = module
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return module
+
+
+def compare_compiled(got: CompiledModule, ref: CompiledModule, sets: Sequence[InputSet],
+                     what: str, rtol: Optional[float] = None, atol: Optional[float] = None
+                     ) -> TestResult:
+    """Run both modules on every input set and compare each output with the tolerance of
+    its dtype (outputs of several dtypes are held to the loosest)."""
+    pairs, dtypes = [], set()
+    for inputs in sets:
+        outs_got, outs_ref = got.outputs(inputs), ref.outputs(inputs)
+        if len(outs_got) != len(outs_ref):
+            return TestResult(False, f"{len(outs_got)} outputs vs {len(outs_ref)} ({what})", 0,
+                              float("inf"), float("inf"), 0.0)
+        for k, (a, b) in enumerate(zip(outs_got, outs_ref)):
+            if a.dtype != b.dtype:
+                return TestResult(False, f"output {k} dtypes differ: {a.dtype} vs {b.dtype} "
+                                  f"({what})", 0, float("inf"), float("inf"), 0.0)
+            pairs.append((f"{inputs.name}: output {k}", a, b))
+            dtypes.add(str(b.dtype))
+    loosest = max(dtypes, key=lambda d: tolerance_for(d)[0], default="float64")
+    return compare_arrays(pairs, loosest, what, len(sets), rtol, atol)
+
+
+@dataclass(frozen=True)
+class ModuleCheck:
+    """The outcome of checking what `stage` returned against what it was given."""
+
+    stage: str
+    equal: bool
+    evidence: str
+    seconds: float  # wall time of the check (compiles included)
+    ran: bool = True  # False: the target has no device here; `after` kept unchecked
+
+    def __str__(self) -> str:
+        verdict = ("not checked" if not self.ran else "equal" if self.equal else "NOT equal")
+        return f"{self.stage}: {verdict} ({self.evidence}; check took {self.seconds:.1f} s)"
+
+
+def check_module(stage: str, before, after, target, func_name: str = "main", seed: int = 0,
+                 rtol: Optional[float] = None, atol: Optional[float] = None) -> ModuleCheck:
+    """Compare `after` (what `stage` returned) with `before` (what it was given) on every
+    input set of `input_sets`, both compiled for `target`. A check that cannot run (a symbolic
+    shape, a build error) is a failed check: its evidence says why."""
+    start = time.perf_counter()
+    try:
+        ref, got = compiled(before, target, func_name), compiled(after, target, func_name)
+        if ref.signature != got.signature:
+            return ModuleCheck(stage, False, f"parameters differ: {ref.signature} vs "
+                               f"{got.signature}", time.perf_counter() - start)
+        result = compare_compiled(got, ref, input_sets(ref.signature, seed),
+                                  "every output on every input set", rtol, atol)
+        evidence = (f"{result.what}; max abs err {result.max_abs_error:.3g}, "
+                    f"rel {result.max_rel_error:.3g}")
+        return ModuleCheck(stage, result.equal, evidence, time.perf_counter() - start)
+    except Exception as err:  # pylint: disable=broad-except  # unverifiable means unused
+        return ModuleCheck(stage, False, f"check could not run: {type(err).__name__}: "
+                           f"{str(err).splitlines()[0] if str(err) else ''}",
+                           time.perf_counter() - start)
+
+
+def checked(stage: str, before, after, target, checks: Optional[list] = None, **options):
+    """`after` when it agrees with `before` (see `check_module`), else `before` with a warning
+    naming the stage: never a wrong answer. The check is appended to `checks` when given;
+    an unchanged module (`after is before`) needs no check."""
+    if after is before:
+        return after
+    if not _has_device(target):
+        # Cross-compilation (e.g. cuda on a machine without a GPU): nothing can run here. The
+        # stages' own checks ran on the CPU; say plainly that the whole module was not run.
+        result = ModuleCheck(stage, True, f"no {_kind(target)} device here: the module was not run",
+                             0.0, ran=False)
+        if checks is not None:
+            checks.append(result)
+        warnings.warn(f"{stage}: whole-module check skipped (no {_kind(target)} device on this "
+                      f"machine; the stages' own checks ran on the CPU)", stacklevel=2)
+        return after
+    result = check_module(stage, before, after, target, **options)
+    if checks is not None:
+        checks.append(result)
+    if result.equal:
+        return after
+    warnings.warn(f"{stage}: the module it returned disagrees with the module it was given "
+                  f"({result.evidence}); falling back to the module it was given",
+                  stacklevel=2)
+    return before
+
+
+__all__ = ["InputSet", "input_sets", "signature", "CompiledModule", "compiled", "ModuleCheck",
+           "compare_compiled", "check_module", "checked", "LARGE_SCALE"]
