@@ -394,26 +394,50 @@ def vectorize_chunks(sch: s_tir.Schedule, block_rv, run, lanes: int, params: Cpu
     extent = loop_extent(sch, run)
     width = min(lanes, extent)
     if extent <= width:
-        if inner:
+        if inner:  # one chunk under reduction loops: TVM cannot vectorise it (see below)
             sch.reorder(*inner, run)
-        if width > 1:
-            sch.vectorize(run)
+        elif width > 1:
+            try_vectorize(sch, run)
         return
     chunk, lane = sch.split(run, [None, width])
     if inner:
         sch.reorder(chunk, *inner, lane)
-    vectorize_lanes(sch, block_rv, chunk, lane, params)
+    vectorize_lanes(sch, block_rv, chunk, lane, params, cut=bool(inner))
 
 
-def vectorize_lanes(sch: s_tir.Schedule, block_rv, chunk, lane, params: CpuParams) -> None:
+def try_vectorize(sch: s_tir.Schedule, loop) -> bool:
+    """Vectorise `loop` if TVM allows it here. TVM refuses a spatial loop nested inside the
+    reduction loops of its block unless the reduction is local to the scope block; the loop then
+    stays serial (LLVM's own vectoriser may still take it). Schedule primitives check before
+    they change anything, so a refusal leaves the schedule as it was."""
+    try:
+        sch.vectorize(loop)
+        return True
+    except ScheduleError:
+        return False
+
+
+def vectorize_lanes(sch: s_tir.Schedule, block_rv, chunk, lane, params: CpuParams,
+                    cut: bool = False) -> None:
     """Vectorise `lane`; first cut `chunk` (a loop above it) into runs of chunks in which every
-    condition of the block is constant across the lanes, so that only the others run scalar."""
+    condition of the block is constant across the lanes, so that only the others run scalar.
+
+    `cut`: reduction loops sit between `chunk` and `lane`. TVM vectorises a spatial loop nested
+    in reduction loops only when the reduction is local to the enclosing scope block, and
+    loop_partition makes one scope block per piece; so the chunk loop is cut (at its last chunk)
+    even when all chunks are regular."""
     chunks = loop_extent(sch, chunk)
     irregular = irregular_chunks(sch, block_rv, chunk, lane, chunks,
                                  params.grain.max_irregular_scan)
-    if not irregular:
-        sch.vectorize(lane)
+    if irregular is None and cut:
+        irregular = []
+    if not irregular and not cut:
+        try_vectorize(sch, lane)
         return
+    if not irregular:
+        if chunks < 2:
+            return
+        irregular = [chunks - 1]
     # Runs of equally (ir)regular chunks become separate loops.
     flags = [j in set(irregular) for j in range(chunks)]
     sizes = []
@@ -423,12 +447,13 @@ def vectorize_lanes(sch: s_tir.Schedule, block_rv, chunk, lane, params: CpuParam
         else:
             sizes.append(1)
     if len(sizes) == 1:
-        sch.vectorize(lane)
+        if not cut:
+            try_vectorize(sch, lane)
         return
     pieces = sch.loop_partition(chunk, sizes[:-1] + [None])
     for piece in pieces:
         for leaf in _leaf_blocks_under(sch, piece):
-            sch.vectorize(sch.get_loops(leaf)[-1])
+            try_vectorize(sch, sch.get_loops(leaf)[-1])
 
 
 def schedule_spatial_block(sch: s_tir.Schedule, block_rv, params: CpuParams) -> None:
