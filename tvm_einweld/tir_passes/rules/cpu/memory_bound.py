@@ -6,7 +6,7 @@ For every PrimFunc of `mod` that is not yet scheduled (attr `tirx.is_scheduled`)
 `MEMORY_BOUND_RULES` are tried in order; the first that returns a schedule replaces the function
 (marked scheduled) and functions no rule claims are left untouched, so the pass composes with
 other rule sets (the GEMM rule, dlight, MetaSchedule) run before or after it. With `fast_math`
-(the default) a claimed function's float32 exp/erf/tanh/sigmoid calls are first rewritten into
+(the default) a claimed function's float32 exp/erf/tanh/sigmoid calls are then rewritten into
 the vectorisable formulas of fast_math.py (stated error bounds there); unclaimed functions keep
 their libm calls.
 
@@ -42,11 +42,16 @@ def schedule_memory_bound(func: tirx.PrimFunc, target: Target, fast_math: bool =
     """(rule name, scheduled function) for one PrimFunc, or None when no rule claims it."""
     if _is_scheduled(func):
         return None
-    candidate = rewrite_fast_math(func)[0] if fast_math else func
     for name, rule in MEMORY_BOUND_RULES:
-        sch = rule(candidate, target)
+        sch = rule(func, target)
         if sch is not None:
-            return name, sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            # After scheduling: the rules still see the calls (softmax's exp is kept per row
+            # because it is a transcendental call; a polynomial would look cheap and be inlined
+            # twice).
+            scheduled = sch.mod["main"]
+            if fast_math:
+                scheduled = rewrite_fast_math(scheduled)[0]
+            return name, scheduled.with_attr("tirx.is_scheduled", True)
     return None
 
 
