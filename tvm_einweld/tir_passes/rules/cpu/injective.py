@@ -1,0 +1,528 @@
+"""CPU schedule rule for spatial memory-bound kernels: element-wise and broadcast chains,
+transposes and reshapes, concat / slice / pad, and "window" reductions whose output axes walk the
+input contiguously (max/avg pooling, sums over a non-innermost axis).
+
+The schedule, for the one block left after inlining:
+    parallel  outer      the leading output axes, fused (plus, for a short outer, a part of the run)
+    serial    chunk      the contiguous run split into vectors of the target's lanes
+    serial    r...       window/reduction axes, if any (accumulate a whole vector per step)
+    vectorize lane       `vector_isa(target).lanes(dtype)` wide
+
+Why it is correct:
+- compute_inline, fuse, split, reorder, loop_partition, vectorize and parallel are TensorIR
+  schedule primitives; each checks its own preconditions (an illegal one raises and the rule
+  returns None, leaving the function as it was). None of them changes what a block computes, only
+  the order and the loops it runs in. Reduction axes are only moved inside spatial ones, which
+  keeps every output's accumulation order; `parallel` is applied to spatial axes only.
+- The run (the axes fused into the vector loop) is chosen so that every buffer access is either
+  contiguous along it or does not depend on it (`contiguous_run`); that is a speed argument, not
+  a correctness one: any fusion is legal.
+- A vector chunk whose block has a condition (padding, concat, the tail of a split) that changes
+  inside the chunk would make TVM's vectoriser fall back to scalar code; `vectorize_chunks` asks
+  TVM's arithmetic analyzer which chunks have all conditions constant and partitions the chunk
+  loop so that only the other chunks (usually the first and last) run scalar. The analyzer only
+  decides where to cut; the conditions stay in the code, so a wrong answer would cost speed only.
+
+Why it is fast: one pass over memory (intermediates inlined), unit-stride vector loads and
+stores, and parallel chunks no smaller than `Grain.min_task_bytes` so that the pool's fork/join is
+amortised.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import tvm
+from tvm import ir, s_tir, tirx
+from tvm.ir.prim.expr import BinaryOpExpr, CmpExpr, LogicalExpr
+from tvm.s_tir.schedule import ScheduleError
+from tvm.sym import Analyzer
+from tvm.target import Target
+
+from .isa import vector_isa
+
+_get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
+
+DATA_PAR, COMM_REDUCE = 0, 2  # tirx.IterVar kinds
+
+
+# ----------------------------------------------------------------------------------- params
+@dataclass(frozen=True)
+class Grain:
+    """How much work one parallel task must have. A fork/join on TVM's pool costs a few
+    microseconds, the time a 36 GB/s memory system moves ~64 KiB; smaller kernels run serial."""
+
+    min_task_bytes: int = 64 * 1024
+    tasks_per_core: int = 4  # more tasks than cores evens out cores slowed by neighbours
+    max_irregular_scan: int = 4096  # chunks examined for conditions; beyond, no partitioning
+
+
+@dataclass(frozen=True)
+class CpuParams:
+    """What the schedules need to know about the target."""
+
+    bits: int  # vector register width
+    cores: int
+    grain: Grain = Grain()
+
+    def lanes(self, dtype: str) -> int:
+        return max(1, self.bits // tvm.runtime.DataType(dtype).bits)
+
+    def tasks(self, total_bytes: int) -> int:
+        """Parallel tasks worth having for a kernel that moves `total_bytes`."""
+        if self.cores < 2:
+            return 1
+        return max(1, min(self.cores * self.grain.tasks_per_core,
+                          total_bytes // self.grain.min_task_bytes))
+
+
+def cpu_params(target: Target) -> CpuParams:
+    """Vector width from the target's -mcpu/-mattr, cores from its num-cores (else this host's,
+    which is what TVM's thread pool uses)."""
+    cores = int(target.attrs.get("num-cores", 0) or 0) or os.cpu_count() or 1
+    return CpuParams(bits=vector_isa(target).bits, cores=cores)
+
+
+# --------------------------------------------------------------------------------- IR walks
+def visit_exprs(node, fn: Callable[[tirx.Expr], None]) -> None:
+    """Call `fn` on every expression under `node` (a statement or expression), pre-order."""
+    if node is None:
+        return
+    if isinstance(node, tirx.Stmt):
+        if isinstance(node, tirx.SeqStmt):
+            for s in node.seq:
+                visit_exprs(s, fn)
+        elif isinstance(node, tirx.BufferStore):
+            for i in node.indices:
+                visit_exprs(i, fn)
+            visit_exprs(node.value, fn)
+        elif isinstance(node, tirx.Bind):
+            visit_exprs(node.value, fn)
+        elif isinstance(node, tirx.IfThenElse):
+            visit_exprs(node.condition, fn)
+            visit_exprs(node.then_case, fn)
+            visit_exprs(node.else_case, fn)
+        elif isinstance(node, tirx.Evaluate):
+            visit_exprs(node.value, fn)
+        elif isinstance(node, tirx.For):
+            visit_exprs(node.body, fn)
+        return
+    fn(node)
+    if isinstance(node, ir.Call):
+        children = list(node.args)
+    elif isinstance(node, tirx.Not):
+        children = [node.a]
+    elif isinstance(node, (BinaryOpExpr, CmpExpr, LogicalExpr)):
+        children = [node.a, node.b]
+    elif isinstance(node, tirx.Select):
+        children = [node.condition, node.true_value, node.false_value]
+    elif isinstance(node, tirx.Cast):
+        children = [node.value]
+    elif isinstance(node, tirx.Let):
+        children = [node.value, node.body]
+    elif isinstance(node, ir.TensorLoad):
+        children = list(node.indices)
+    else:
+        children = []
+    for c in children:
+        visit_exprs(c, fn)
+
+
+def expr_vars(expr) -> set:
+    found = set()
+    visit_exprs(expr, lambda e: found.add(e) if isinstance(e, tirx.Var) else None)
+    return found
+
+
+def loads(block: s_tir.SBlock) -> list:
+    found: list = []
+    visit_exprs(block.body, lambda e: found.append(e) if isinstance(e, ir.TensorLoad) else None)
+    return found
+
+
+def stores(block: s_tir.SBlock) -> list[tirx.BufferStore]:
+    out: list = []
+
+    def walk(s):
+        if isinstance(s, tirx.SeqStmt):
+            for x in s.seq:
+                walk(x)
+        elif isinstance(s, tirx.BufferStore):
+            out.append(s)
+        elif isinstance(s, tirx.IfThenElse):
+            walk(s.then_case)
+            walk(s.else_case)
+
+    walk(block.body)
+    return out
+
+
+def condition_atoms(block: s_tir.SBlock) -> list[tirx.Expr]:
+    """The comparisons inside the conditions of if_then_else / select in the block body."""
+    atoms: list = []
+
+    def split(c):
+        if isinstance(c, (tirx.And, tirx.Or)):
+            split(c.a)
+            split(c.b)
+        elif isinstance(c, tirx.Not):
+            split(c.a)
+        else:
+            atoms.append(c)
+
+    def visit(e):
+        if isinstance(e, ir.Call) and isinstance(e.op, ir.Op) and e.op.name in ("prim.if_then_else", "tirx.if_then_else"):
+            split(e.args[0])
+        elif isinstance(e, tirx.Select):
+            split(e.condition)
+
+    visit_exprs(block.body, visit)
+    return atoms
+
+
+# ------------------------------------------------------------------------------ block facts
+def is_reduction(block: s_tir.SBlock) -> bool:
+    return any(int(iv.iter_type) == COMM_REDUCE for iv in block.iter_vars)
+
+
+def is_gemm_like(block: s_tir.SBlock) -> bool:
+    """A reduction whose update multiplies two loads of different tensors that both depend on
+    the reduction axes (matmul, conv, batched GEMV): the GEMM rule's business, not ours."""
+    if not is_reduction(block):
+        return False
+    rvars = {iv.var for iv in block.iter_vars if int(iv.iter_type) == COMM_REDUCE}
+    found = []
+
+    def visit(e):
+        if isinstance(e, tirx.Mul):
+            sides = []
+            for side in (e.a, e.b):
+                side_loads = []
+                visit_exprs(side, lambda x: side_loads.append(x)
+                            if isinstance(x, ir.TensorLoad) else None)
+                sides.append({ld.source.name for ld in side_loads
+                              if any(expr_vars(i) & rvars for i in ld.indices)})
+            if sides[0] and sides[1] and sides[0] != sides[1]:
+                found.append(e)
+
+    for st in stores(block):
+        visit_exprs(st.value, visit)
+    return bool(found)
+
+
+def is_row_reduction(block: s_tir.SBlock) -> bool:
+    """A reduction some read of which has a reduction axis, and no spatial axis, as its
+    innermost index (sum over the last axis, softmax, norms): the reduction rule's business.
+    Pooling windows (index ox*2 + kx) and sums over outer axes are not."""
+    if not is_reduction(block):
+        return False
+    rvars = {iv.var for iv in block.iter_vars if int(iv.iter_type) == COMM_REDUCE}
+    svars = {iv.var for iv in block.iter_vars if int(iv.iter_type) == DATA_PAR}
+    for ld in loads(block):
+        if len(ld.indices) == 0:
+            continue
+        used = expr_vars(ld.indices[-1])
+        if used & rvars and not used & svars:
+            return True
+    return False
+
+
+def is_param(buffer, func: tirx.PrimFunc) -> bool:
+    """Whether `buffer` is one the function takes (TVM 0.27: its params are the buffers).
+    By identity: FuseTIR can give an intermediate the same name as an output."""
+    return any(buffer.same_as(p) for p in func.params)
+
+
+def block_bytes(block: s_tir.SBlock) -> int:
+    """Bytes a block's loop nest moves: every buffer it reads or writes, whole, counted once
+    (an upper bound for slices, exact for the common case)."""
+    total = 0
+    seen = set()
+    for region in list(block.reads) + list(block.writes):
+        buf = region.source
+        if buf.name in seen:
+            continue
+        seen.add(buf.name)
+        elems = 1
+        for dim in buf.shape:
+            elems *= int(dim) if isinstance(dim, tirx.IntImm) else 1
+        total += elems * tvm.runtime.DataType(str(buf.dtype)).bits // 8
+    return total
+
+
+def loop_extent(sch: s_tir.Schedule, loop) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def loops_match_iters(sch: s_tir.Schedule, block_rv) -> bool:
+    """The block sits in its own loop nest, one loop per block axis, bound in order (what
+    LegalizeOps/FuseTIR produce); the rules rely on this to map axes to loops."""
+    loops = sch.get_loops(block_rv)
+    realize = _get_realize(sch, block_rv)
+    if len(loops) != len(realize.iter_values):
+        return False
+    for loop, value in zip(loops, realize.iter_values):
+        if not (isinstance(value, tirx.Var) and value.same_as(sch.get(loop).loop_var)):
+            return False
+        if loop_extent(sch, loop) is None:
+            return False
+    return True
+
+
+def inline_spatial(sch: s_tir.Schedule, func: tirx.PrimFunc,
+                   keep: Callable[[s_tir.SBlock], bool] = lambda b: False) -> None:
+    """compute_inline every spatial block that writes an intermediate (not an output) and that
+    `keep` does not want kept; what cannot be inlined stays."""
+    changed = True
+    while changed:  # inlining a block can make its producer inlinable (one consumer fewer)
+        changed = False
+        names = [sch.get(rv).name_hint for rv in sch.get_child_blocks(sch.get_sblock("root"))]
+        for name in reversed(names):
+            block_rv = sch.get_sblock(name)
+            block = sch.get(block_rv)
+            if is_reduction(block) or any(is_param(w.source, func) for w in block.writes):
+                continue
+            if keep(block):
+                continue
+            try:
+                sch.compute_inline(block_rv)
+                changed = True
+            except ScheduleError:
+                pass
+
+
+# ----------------------------------------------------------------------------- vectorising
+def contiguous_run(block: s_tir.SBlock, spatial: list[tirx.Var], extents: list[int]) -> int:
+    """How many trailing spatial axes can be fused into one vector run: every access (loads and
+    stores) must either not depend on them, or index them as its trailing dimensions, in order,
+    with the inner ones spanning the whole dimension (so the fused run is one contiguous stream),
+    and no condition may depend on them (conditions are cut at chunk boundaries). At least the
+    innermost axis (always vectorised, contiguous or not)."""
+    accesses = [(ld.source, list(ld.indices)) for ld in loads(block)]
+    accesses += [(st.buffer, list(st.indices)) for st in stores(block)]
+    cond_vars = set()
+    for atom in condition_atoms(block):
+        cond_vars |= expr_vars(atom)
+    n = len(spatial)
+    run = 1
+    for k in range(n - 2, -1, -1):
+        suffix = spatial[k:]
+        if any(v in cond_vars for v in suffix):
+            break
+        ok = True
+        for buf, idx in accesses:
+            uses = [bool(expr_vars(i) & set(suffix)) for i in idx]
+            if not any(uses):
+                continue
+            m = len(suffix)
+            if len(idx) < m or any(uses[:-m]):
+                ok = False
+                break
+            tail = idx[-m:]
+            if not all(isinstance(t, tirx.Var) and t.same_as(v) for t, v in zip(tail, suffix)):
+                ok = False
+                break
+            dims = list(buf.shape)[-m:]
+            if not all(isinstance(d, tirx.IntImm) and int(d) == e
+                       for d, e in zip(dims[1:], extents[k + 1:])):
+                ok = False
+                break
+        if not ok:
+            break
+        run = n - k
+    return run
+
+
+def _leaf_blocks_under(sch: s_tir.Schedule, loop) -> list:
+    return [b for b in sch.get_child_blocks(loop) if not sch.get(b).name_hint.endswith(
+        ("_partition", "_common"))]
+
+
+def irregular_chunks(sch: s_tir.Schedule, block_rv, chunk_loop, vector_loop, chunks: int,
+                     limit: int) -> list[int] | None:
+    """Chunks (values of `chunk_loop`) in which some condition of the block depends on the
+    vector lane, so the vectoriser would fall back to scalar code there. None: too many chunks to
+    examine (the caller then leaves the loop whole)."""
+    block = sch.get(block_rv)
+    realize = _get_realize(sch, block_rv)
+    atoms = condition_atoms(block)
+    predicate = realize.predicate
+    if not (isinstance(predicate, tirx.IntImm) and int(predicate) == 1):
+        atoms.append(predicate)
+    lane = sch.get(vector_loop).loop_var
+    chunk_var = sch.get(chunk_loop).loop_var
+    bindings = dict(zip([iv.var for iv in block.iter_vars], realize.iter_values))
+    relevant = []
+    for atom in atoms:
+        used = expr_vars(atom)
+        for var in list(used):
+            if var in bindings:
+                used |= expr_vars(bindings[var])
+        if lane in used:
+            relevant.append(atom)
+    if not relevant:
+        return []
+    if chunks > limit:
+        return None
+    loops = [sch.get(lp) for lp in sch.get_loops(block_rv)]
+    irregular = []
+    for j in range(chunks):
+        analyzer = Analyzer()
+        for lp in loops:
+            if lp.loop_var.same_as(chunk_var):
+                analyzer.bind(lp.loop_var, tirx.const(j, str(lp.loop_var.ty)))
+            else:
+                analyzer.bind(lp.loop_var, ir.Range.from_min_extent(lp.min, lp.extent))
+        for var, value in bindings.items():
+            analyzer.bind(var, value)
+        for atom in relevant:
+            if not (analyzer.can_prove(atom) or analyzer.can_prove(tirx.Not(atom))):
+                irregular.append(j)
+                break
+    return irregular
+
+
+def vectorize_chunks(sch: s_tir.Schedule, block_rv, run, lanes: int, params: CpuParams,
+                     inner: Iterable = ()) -> None:
+    """Split loop `run` of `block_rv` into [chunk, lane] (lane `lanes` wide), move the `inner`
+    loops (reduction axes) between them, cut the chunk loop around irregular chunks and vectorise
+    the lane loop of every piece (see the module docstring)."""
+    inner = list(inner)
+    extent = loop_extent(sch, run)
+    width = min(lanes, extent)
+    if extent <= width:
+        if inner:  # one chunk under reduction loops: TVM cannot vectorise it (see below)
+            sch.reorder(*inner, run)
+        elif width > 1:
+            try_vectorize(sch, run)
+        return
+    chunk, lane = sch.split(run, [None, width])
+    if inner:
+        sch.reorder(chunk, *inner, lane)
+    vectorize_lanes(sch, block_rv, chunk, lane, params, cut=bool(inner))
+
+
+def try_vectorize(sch: s_tir.Schedule, loop) -> bool:
+    """Vectorise `loop` if TVM allows it here. TVM refuses a spatial loop nested inside the
+    reduction loops of its block unless the reduction is local to the scope block; the loop then
+    stays serial (LLVM's own vectoriser may still take it). Schedule primitives check before
+    they change anything, so a refusal leaves the schedule as it was."""
+    try:
+        sch.vectorize(loop)
+        return True
+    except ScheduleError:
+        return False
+
+
+def vectorize_lanes(sch: s_tir.Schedule, block_rv, chunk, lane, params: CpuParams,
+                    cut: bool = False) -> None:
+    """Vectorise `lane`; first cut `chunk` (a loop above it) into runs of chunks in which every
+    condition of the block is constant across the lanes, so that only the others run scalar.
+
+    `cut`: reduction loops sit between `chunk` and `lane`. TVM vectorises a spatial loop nested
+    in reduction loops only when the reduction is local to the enclosing scope block, and
+    loop_partition makes one scope block per piece; so the chunk loop is cut (at its last chunk)
+    even when all chunks are regular."""
+    chunks = loop_extent(sch, chunk)
+    irregular = irregular_chunks(sch, block_rv, chunk, lane, chunks,
+                                 params.grain.max_irregular_scan)
+    if irregular is None and cut:
+        irregular = []
+    if not irregular and not cut:
+        try_vectorize(sch, lane)
+        return
+    if not irregular:
+        if chunks < 2:
+            return
+        irregular = [chunks - 1]
+    # Runs of equally (ir)regular chunks become separate loops.
+    flags = [j in set(irregular) for j in range(chunks)]
+    sizes = []
+    for j, flag in enumerate(flags):
+        if j and flag == flags[j - 1]:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+    if len(sizes) == 1:
+        if not cut:
+            try_vectorize(sch, lane)
+        return
+    pieces = sch.loop_partition(chunk, sizes[:-1] + [None])
+    for piece in pieces:
+        for leaf in _leaf_blocks_under(sch, piece):
+            try_vectorize(sch, sch.get_loops(leaf)[-1])
+
+
+def schedule_spatial_block(sch: s_tir.Schedule, block_rv, params: CpuParams) -> None:
+    """The loop nest of the module docstring for one spatial or window-reduction block whose
+    loops are its axes in order (spatial axes first; `loops_match_iters`)."""
+    block = sch.get(block_rv)
+    loops = sch.get_loops(block_rv)
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    spatial_loops = [lp for lp, k in zip(loops, kinds) if k == DATA_PAR]
+    reduce_loops = [lp for lp, k in zip(loops, kinds) if k != DATA_PAR]
+    spatial_vars = [iv.var for iv, k in zip(block.iter_vars, kinds) if k == DATA_PAR]
+    extents = [loop_extent(sch, lp) for lp in spatial_loops]
+    dtype = str(block.writes[0].source.dtype)
+    lanes = params.lanes(dtype)
+    if reduce_loops:  # spatial axes outermost, in order, before splitting anything
+        sch.reorder(*spatial_loops, *reduce_loops)
+    run_len = contiguous_run(block, spatial_vars, extents)
+    outer_loops, run_loops = spatial_loops[:-run_len], spatial_loops[-run_len:]
+    run = sch.fuse(*run_loops) if len(run_loops) > 1 else run_loops[0]
+    run_extent = math.prod(extents[-run_len:])
+    outer_extent = math.prod(extents[:-run_len]) if outer_loops else 1
+    outer = sch.fuse(*outer_loops) if len(outer_loops) > 1 else (
+        outer_loops[0] if outer_loops else None)
+
+    tasks = params.tasks(block_bytes(block))
+    if tasks > 1 and outer_extent < tasks and run_extent % lanes == 0:
+        # Too few outer iterations: move whole vector chunks of the run into the parallel loop.
+        vectors = run_extent // lanes
+        split = max((d for d in range(1, vectors + 1) if vectors % d == 0
+                     and d * outer_extent <= tasks), default=1)
+        if split > 1:
+            head, run = sch.split(run, [split, None])
+            outer = sch.fuse(outer, head) if outer is not None else head
+            outer_extent *= split
+    vectorize_chunks(sch, block_rv, run, lanes, params, reduce_loops)
+    if outer is not None and tasks > 1 and outer_extent > 1:
+        sch.parallel(outer)
+
+
+# ------------------------------------------------------------------------------------ rule
+def schedule_injective(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+    """The rule: a Schedule for a spatial memory-bound `func`, or None when it is not one
+    (row reductions, GEMM-class reductions, shapes with symbolic extents, non-llvm targets)."""
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    try:
+        sch = s_tir.Schedule(func)
+        root = sch.get_sblock("root")
+        blocks = sch.get_child_blocks(root)
+        if not blocks:
+            return None
+        for rv in blocks:
+            block = sch.get(rv)
+            if is_gemm_like(block) or is_row_reduction(block):
+                return None
+            if not loops_match_iters(sch, rv):
+                return None
+        inline_spatial(sch, func)
+        remaining = sch.get_child_blocks(root)
+        written = [w.source for rv in remaining for w in sch.get(rv).writes]
+        for rv in remaining:
+            block = sch.get(rv)
+            if not all(is_param(w.source, func) for w in block.writes):
+                return None  # an intermediate that could not be inlined
+            if any(r.source.same_as(w) for r in block.reads for w in written):
+                return None  # blocks that feed each other need a joint schedule
+        params = cpu_params(target)
+        for rv in remaining:
+            schedule_spatial_block(sch, rv, params)
+        return sch
+    except ScheduleError:
+        return None
