@@ -7,6 +7,12 @@ Importing the package registers the "einweld" Relax pipeline; sub-packages load 
 
 __version__ = "0.1.0"
 
+# TVM's pool runs one thread on a 2-core x86 VM by default and pins the main thread to one CPU;
+# configure it (one thread per physical core, unpinned) before anything starts it.
+from .threads import configure_thread_pool  # noqa: E402
+
+configure_thread_pool()
+
 # Importing the package registers the "einweld" Relax pipeline, so that
 # `tvm.compile(mod, target, relax_pipeline="einweld")` works after `import tvm_einweld`.
 from .einweld_pipeline import EinweldOptimize, pipeline  # noqa: E402

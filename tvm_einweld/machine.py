@@ -16,7 +16,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -45,6 +45,43 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def usable_cpus() -> List[int]:
+    """The CPUs this process may be scheduled on: the cgroup's cpuset where there is one,
+    else the online CPUs. Not the calling thread's affinity mask, which TVM's thread pool
+    narrows to one CPU when it starts."""
+    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"):
+        try:
+            return _parse_cpu_list(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+    return list(range(os.cpu_count() or 1))
+
+
+def _parse_cpu_list(text: str) -> List[int]:
+    cpus: List[int] = []
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    if not cpus:
+        raise ValueError("empty CPU list")
+    return cpus
+
+
+def physical_cores() -> int:
+    """Physical cores among `usable_cpus()` (SMT siblings counted once), from the kernel's
+    CPU topology; the usable CPU count where topology is not readable."""
+    allowed = usable_cpus()
+    cores = set()
+    for cpu in allowed:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(),
+                       (topo / "core_id").read_text().strip()))
+        except OSError:
+            return len(allowed)
+    return max(1, len(cores))
 
 
 def memory_gib() -> float:
