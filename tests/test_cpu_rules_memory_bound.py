@@ -1,6 +1,6 @@
 """Memory-bound CPU rules (tir_passes/rules/cpu/{injective,reduction,fast_math,memory_bound}):
 numerics against numpy on odd shapes, built as Relax modules, legalised and fused as the stock
-pipeline does, scheduled by ApplyMemoryBoundRules, compiled for the host and run on the VM; the
+pipeline does, scheduled by ApplyCPURules, compiled for the host and run on the VM; the
 fast-math formulas over the whole float32 range; planted faults the checks must catch."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tvm.relax import op as R
 from tvm_einweld.tir_passes.device import host_target
 from tvm_einweld.tir_passes.fusion import prepare
 from tvm_einweld.tir_passes.rules.cpu import fast_math, injective
-from tvm_einweld.tir_passes.rules.cpu.memory_bound import apply_memory_bound_rules
+from tvm_einweld.tir_passes.rules.cpu import ApplyCPURules
 
 TARGET = host_target()
 RNG = np.random.default_rng(7)
@@ -34,14 +34,14 @@ def _module(fn, shapes, dtype):
 def run_scheduled(fn, shapes, dtype="float32", inputs=None):
     """(outputs, report of the pass, inputs) for `fn` through prepare + our pass + tvm.compile."""
     mod = prepare()(_module(fn, shapes, dtype))
-    rules = apply_memory_bound_rules(TARGET)
+    rules = ApplyCPURules(TARGET)
     mod = rules(mod)
     ex = tvm.compile(mod, TARGET)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     if inputs is None:
         inputs = [RNG.standard_normal(s).astype(dtype) for s in shapes]
     out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
-    return out.numpy(), rules.report.scheduled, inputs
+    return out.numpy(), rules.scheduled, inputs
 
 
 def check(fn, ref, shapes, dtype="float32", claimed=True, rtol=None, atol=None, inputs=None):

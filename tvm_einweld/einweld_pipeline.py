@@ -10,7 +10,9 @@ Stages, in order:
   1. DerivationTransform (EinNet): verified rewrites of operators into cheaper programs;
   2. stock legalisation and fusion (LegalizeOps, FuseOps, FuseTIR: `tir_passes.prepare`);
   3. TileGraphFusion (Welder): fused groups with intermediates in per-tile buffers, each
-     checked against the unfused kernels before it replaces them;
+     checked against the unfused kernels before it replaces them; a group is formed only when
+     it beats its members' own analytic kernels;
+  3b. the analytic CPU schedule rules (`tir_passes.rules.cpu`) on every kernel left;
   4. adaptive-layout tuning (AL-Ansor) of the remaining kernels when `trials > 0`, applied
      with the compile-time weight layout transform, and kept only when the whole tuned
      module equals the untuned one and runs faster;
@@ -78,6 +80,7 @@ class EinweldOptimize:
         self.tune_options = dict(tune_options or {})
         self.derivation = None
         self.fusion = None
+        self.rules = None  # the analytic CPU rules pass of the last run (`.scheduled`)
         self.tuned = False
         self.tuning_check: Optional[ModuleCheck] = None
         self.tuning_seconds = None  # (untuned, tuned) seconds of the whole module
@@ -86,6 +89,7 @@ class EinweldOptimize:
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
         from .relay_passes.derivation_transform import DerivationTransform
         from .tir_passes import TileGraphFusion, prepare
+        from .tir_passes.rules.cpu import ApplyCPURules
 
         target = _resolve_target(self.target)
         self.checks = []
@@ -105,6 +109,10 @@ class EinweldOptimize:
                 self.fusion = TileGraphFusion(target, **self.fuse_options)
                 mod = self.fusion(mod)  # checked whole inside the pass
                 self.checks += self.fusion.checks
+            if target.kind.name == "llvm":
+                self.rules = ApplyCPURules(target)
+                mod = checked("analytic CPU schedules", mod, self.rules(mod), target,
+                              self.checks)
             if self.trials > 0:
                 mod = self._tune(mod, target)
             # Stage by stage each module agreed with its input within tolerance; the errors of

@@ -44,6 +44,8 @@ class FusionReport:
     replaced: tuple[tuple[str, ...], ...]
     rejected: tuple[tuple[tuple[str, ...], str], ...]
     measurements: int = 0  # kernels built and timed on the target while scheduling
+    # single nodes left to the analytic CPU rules (their kernel beat every tile config)
+    analytic: tuple[str, ...] = ()
 
 
 def prepare() -> tvm.transform.Pass:
@@ -138,12 +140,13 @@ class TileGraphFusion:
     """
 
     def __init__(self, target, topk: int = 4, measure: bool | None = None, verify: bool = True,
-                 device: Device | None = None):
+                 device: Device | None = None, rules: bool = True):
         self.target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
         self.device = device or device_for_target(self.target)
         self.topk = topk
         self.measure = (self.device.kind == "cpu") if measure is None else measure
         self.verify = verify
+        self.rules = rules and self.target.kind.name == "llvm"
         self.report: FusionReport | None = None
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
         self._measured = 0
@@ -163,9 +166,11 @@ class TileGraphFusion:
             return mod
         factory = KernelFactory(graph, self.device)
         self._measured = 0
-        plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory))
+        plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory),
+                                self._alone(graph) if self.rules else None)
         replacements, rejected = [], []
-        pending = [(g.sub, g.candidate) for g in plan.groups]
+        pending = [(g.sub, g.candidate) for g in plan.groups if g.candidate is not None]
+        analytic = tuple(g.sub.nodes[0].name for g in plan.groups if g.candidate is None)
         while pending:
             sub, cand = pending.pop(0)
             names = tuple(n.name for n in sub.nodes)
@@ -184,7 +189,7 @@ class TileGraphFusion:
             replacements.append((sub, func))
         self.report = FusionReport(plan, tuple(tuple(n.name for n in s.nodes)
                                                for s, _ in replacements), tuple(rejected),
-                                   self._measured)
+                                   self._measured, analytic)
         return replace_groups(mod, graph, replacements)
 
     def _singles(self, graph, sub):
@@ -196,6 +201,24 @@ class TileGraphFusion:
             if cands:
                 out.append((single, cands[0]))
         return out
+
+    def _alone(self, graph):
+        """Seconds of a single node's analytic kernel (`rules.cpu.schedule_cpu`), measured,
+        or None when no rule claims it or it cannot be timed."""
+        from .rules.cpu import schedule_cpu
+
+        def alone(sub: SubGraph):
+            result = schedule_cpu(sub.nodes[0].func, self.target)
+            if result is None or not self.measure:
+                return None
+            self._measured += 1
+            try:
+                return time_kernel(result[1], graph, sub, self.target)
+            except Exception as err:  # pylint: disable=broad-except  # unbuildable = unusable
+                logger.info("analytic kernel of %s did not build: %s", sub.names, err)
+                return None
+
+        return alone
 
     def _evaluator(self, graph, factory):
         """Seconds of a candidate: measured, or estimated once its kernel is known to build."""

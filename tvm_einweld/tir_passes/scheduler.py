@@ -90,10 +90,12 @@ def _seconds(tiles, device: Device) -> float:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """A scheduled group: its nodes, the chosen tile and its seconds (measured or estimated)."""
+    """A scheduled group: its nodes, the chosen tile and its seconds (measured or estimated).
+    A single node whose own kernel (an analytic schedule rule's) is faster than every tile
+    config has no candidate: it is left to that rule."""
 
     sub: SubGraph
-    candidate: Candidate
+    candidate: Candidate | None
     latency: float
 
 
@@ -280,11 +282,15 @@ class _Groups:
 
 
 def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
-                     evaluate: Evaluator | None = None) -> GraphPlan:
+                     evaluate: Evaluator | None = None,
+                     alone: Callable[[SubGraph], "float | None"] | None = None) -> GraphPlan:
     """GraphConnecting: decide, edge by edge, which tensors stay at the fast level.
 
     `evaluate(sub, candidate)` returns the seconds of that tile config measured on the target,
     or None when it cannot be built; without it, configs are priced by `estimated_seconds`.
+    `alone(single-node sub)` returns the seconds of the node's own kernel outside any group
+    (an analytic schedule), or None: a node is then priced at the better of the two, so a
+    group is formed only when it beats its members' best kernels, not their default tiles.
     """
     start = time.perf_counter()
     groups = _Groups([n.name for n in graph.nodes])
@@ -303,6 +309,9 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
                     seconds = evaluate(sub, cand)
                 if seconds is not None and (plan is None or seconds < plan.latency):
                     plan = GroupPlan(sub, cand, seconds)
+            own = alone(sub) if alone is not None and len(names) == 1 else None
+            if own is not None and (plan is None or own < plan.latency):
+                plan = GroupPlan(sub, None, own)
         best[names] = plan
         return plan
 
