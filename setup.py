@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="tvm_einweld",
-    version="0.1.0",
+    version="0.2.0",
     description=(
         "Apache TVM plugin: EinNet derivation-based transformations, Welder tile-graph fusion, "
         "AL-Ansor adaptive layout tuning, TASO-style verification"

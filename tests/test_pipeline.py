@@ -102,8 +102,7 @@ def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
     pipeline keeps the untuned kernels (and says so)."""
     import tvm_einweld.einweld_pipeline as pipeline_mod
 
-    times = iter([1.0, 2.0])  # untuned, tuned
-    monkeypatch.setattr(pipeline_mod, "measure_module", lambda mod, target: next(times))
+    monkeypatch.setattr(pipeline_mod, "measure_modules", lambda mods, target: [1.0, 2.0])
     mod = builtin_model(channels=8, size=10)
     stages = tvm_einweld.EinweldOptimize("llvm", trials=4, work_dir=str(tmp_path),
                                          derive=False, fuse=False)

@@ -5,7 +5,7 @@ adaptive layout-strategy tuning (AL-Ansor) and TASO-style verification of every 
 Importing the package registers the "einweld" Relax pipeline; sub-packages load lazily.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # TVM's pool runs one thread on a 2-core x86 VM by default and pins the main thread to one CPU;
 # configure it (one thread per physical core, unpinned) before anything starts it.

@@ -10,7 +10,7 @@ Every model is a function `builder(batch) -> onnx.ModelProto` with seeded random
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import onnx
@@ -72,21 +72,87 @@ def build_model(name: str, batch: int = 1) -> onnx.ModelProto:
     return get_model(name).build(batch)
 
 
-def input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    """Static shapes of the graph inputs (initializers excluded)."""
+def input_shapes(model: onnx.ModelProto, bind: Optional[Mapping[str, int]] = None
+                 ) -> dict[str, tuple[int, ...]]:
+    """Shapes of the graph inputs (initializers excluded). A dynamic dimension takes its size
+    from `bind` (by its symbolic name, e.g. {"batch": 4}) and is 1 otherwise, never 0: a
+    check on an empty tensor checks nothing (see `dynamic_dims`)."""
+    bind = dict(bind or {})
     inits = {t.name for t in model.graph.initializer}
     return {
-        vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        vi.name: tuple(d.dim_value if d.dim_value > 0 else int(bind.get(d.dim_param, 1))
+                       for d in vi.type.tensor_type.shape.dim)
         for vi in model.graph.input
         if vi.name not in inits
     }
 
 
-def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Standard-normal fp32 inputs for every graph input, reproducible from `seed`."""
+def dynamic_dims(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """{input name: [symbolic names of its dynamic dimensions]} for inputs that have any."""
+    inits = {t.name for t in model.graph.initializer}
+    out = {}
+    for vi in model.graph.input:
+        names = [d.dim_param or "?" for d in vi.type.tensor_type.shape.dim if d.dim_value <= 0]
+        if vi.name not in inits and names:
+            out[vi.name] = names
+    return out
+
+
+def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """numpy dtype of every graph input (initializers excluded)."""
+    inits = {t.name for t in model.graph.initializer}
+    return {vi.name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+            for vi in model.graph.input if vi.name not in inits}
+
+
+# Ops whose integer input at this position indexes the data input along `axis`.
+_INDEX_INPUTS = {"Gather": 1, "GatherElements": 1, "GatherND": 1, "ScatterElements": 1}
+
+
+def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """{integer graph input: exclusive upper bound of valid values} for inputs used as
+    indices (Gather and friends), from the indexed tensor's size along the op's axis."""
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
+            dims = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+            if dims and all(d > 0 for d in dims):
+                shapes.setdefault(vi.name, dims)
+    except Exception:  # pylint: disable=broad-except  # inference is a help, not a need
+        pass
+    bounds: dict[str, int] = {}
+    for node in model.graph.node:
+        pos = _INDEX_INPUTS.get(node.op_type)
+        if pos is None or len(node.input) <= pos:
+            continue
+        data = shapes.get(node.input[0])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if data and -len(data) <= axis < len(data):
+            size = data[axis]
+            bounds[node.input[pos]] = min(bounds.get(node.input[pos], size), size)
+    return bounds
+
+
+def random_inputs(model: onnx.ModelProto, seed: int = 0,
+                  bind: Optional[Mapping[str, int]] = None) -> dict[str, np.ndarray]:
+    """Random values for every graph input in its own dtype, reproducible from `seed`:
+    floats standard normal, booleans either value, integers used as indices within the
+    indexed dimension (`index_bounds`), other integers in {0, 1}. Dynamic dimensions as in
+    `input_shapes`."""
     rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(shape).astype(np.float32)
-            for name, shape in input_shapes(model).items()}
+    dtypes, bounds = input_dtypes(model), index_bounds(model)
+    out = {}
+    for name, shape in input_shapes(model, bind).items():
+        dtype = dtypes[name]
+        if dtype.kind == "f":
+            out[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            out[name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            out[name] = rng.integers(0, max(1, bounds.get(name, 2)), shape).astype(dtype)
+    return out
 
 
-__all__ = ["ZOO", "ZooModel", "get_model", "build_model", "input_shapes", "random_inputs"]
+__all__ = ["ZOO", "ZooModel", "get_model", "build_model", "input_shapes", "dynamic_dims",
+           "input_dtypes", "index_bounds", "random_inputs"]

@@ -32,7 +32,7 @@ from ..expr.expression import (
 
 EOP_MAX_INTENSITY = 4.0  # FLOPs per element moved; EinNet §5's threshold
 CACHE_FILE = "op_times.json"
-_MEMORY: Dict[str, float] = {}
+_MEMORY: Dict[str, object] = {}  # key -> seconds, or (before, after) seconds
 
 
 @dataclass(frozen=True)
@@ -179,12 +179,15 @@ def _static(ty) -> Tuple[int, ...]:
 
 
 def call_key(call, target: str) -> str:
-    """Cache key: operator, argument shapes/dtypes, attributes, output type, target."""
+    """Cache key: package version (its kernels change between versions), target, operator,
+    argument shapes/dtypes, attributes, output type."""
+    from .. import __version__
+
     op = getattr(call.op, "name", str(call.op))
     args = ",".join(_describe_arg(a) for a in call.args)
     attrs = " ".join(str(call.attrs).split()) if call.attrs is not None else ""
     out = " ".join(str(list(call.ty_args)).split()) if len(call.ty_args) else ""
-    return f"{target}|{op}|{args}|{attrs}|{out}"
+    return f"{__version__}|{target}|{op}|{args}|{attrs}|{out}"
 
 
 def _load_cache() -> Dict[str, float]:
@@ -241,24 +244,61 @@ def measure_call(call, target: str = "llvm", repeats: int = 5) -> float:
 
 
 def measure_module(mod, target: str = "llvm", repeats: int = 5) -> float:
-    """Median seconds of `mod["main"]` compiled for `target`, on random inputs in [-1, 1]."""
+    """Seconds of `mod["main"]` built as the einweld pipeline builds kernels
+    (`tir_passes.fusion.analytic_pipeline`) for the full `target`, on random inputs."""
+    return measure_modules([mod], target, repeats)[0]
+
+
+def measure_modules(mods: Sequence, target: str = "llvm", repeats: int = 5) -> List[float]:
+    """Seconds of each module's `main` (built as in `measure_module`), timed in alternating
+    rounds (a b a b ...) so that a drift of the machine's load hits all alike; each module's
+    best round is kept (other processes only ever add time)."""
     import tvm
     from tvm import relax
 
-    dev = tvm.device(tvm.target.Target(target).get_target_device_type(), 0)
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target), dev)
-    rng = np.random.default_rng(0)
-    args = []
-    for p in mod["main"].params:
-        arr = rng.uniform(-1, 1, _static(p.ty)).astype(str(p.ty.dtype))
-        args.append(tvm.runtime.tensor(arr, dev))
-    fn = vm["main"]
-    return best_seconds(lambda: fn(*args), repeats=repeats)
+    from ..tir_passes.fusion import analytic_pipeline
+
+    target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    dev = tvm.device(target.get_target_device_type(), 0)
+    calls = []
+    for mod in mods:
+        ex = tvm.compile(mod, target=target, relax_pipeline=analytic_pipeline(target))
+        fn = relax.VirtualMachine(ex, dev)["main"]
+        rng = np.random.default_rng(0)
+        args = [tvm.runtime.tensor(rng.uniform(-1, 1, _static(p.ty)).astype(str(p.ty.dtype)),
+                                   dev) for p in mod["main"].params]
+        calls.append(lambda fn=fn, args=args: fn(*args))
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for k, call in enumerate(calls):
+            best[k] = min(best[k], best_seconds(call, repeats=1))
+    return best
+
+
+def measured_gain(before, after, target: str = "llvm", repeats: int = 5
+                  ) -> Tuple[float, float]:
+    """(seconds of `before`, seconds of `after`), cached on disk by the modules' structural
+    hashes, target and package version: a decision made once is made the same way when the
+    same model is compiled again, whatever the machine's load then."""
+    from tvm_ffi import structural_hash
+
+    from .. import __version__
+
+    key = f"{__version__}|{target}|modules|{structural_hash(before)}|{structural_hash(after)}"
+    if key not in _MEMORY:
+        stored = _load_cache()
+        if key in stored:
+            _MEMORY[key] = tuple(stored[key])
+        else:
+            _MEMORY[key] = tuple(measure_modules([before, after], target, repeats))
+            _store(key, list(_MEMORY[key]))
+    return _MEMORY[key]
 
 
 def time_call(call, target: str = "llvm") -> float:
-    """Measured seconds of one Relax call on `target`, cached in memory and on disk (on disk
-    only when the machine was not busy, `machine.is_busy`).
+    """Measured seconds of one Relax call on `target`, cached in memory and on disk. A time is
+    kept whatever the machine's load when it was taken: the same model must compile to the
+    same program next time (on 2 cores the 1-minute load is rarely below 1).
 
     `call`'s tensor arguments must have static shapes (variables of a normalised function,
     or constants).
@@ -270,11 +310,9 @@ def time_call(call, target: str = "llvm") -> float:
     if key in stored:
         _MEMORY[key] = float(stored[key])
         return _MEMORY[key]
-    load = machine.load_average()
     seconds = measure_call(call, target)
     _MEMORY[key] = seconds
-    if not machine.is_busy(load):  # a time taken on a busy machine is not kept on disk
-        _store(key, seconds)
+    _store(key, seconds)
     return seconds
 
 
@@ -289,6 +327,6 @@ def op_kernel(call, target: str = "llvm", name: Optional[str] = None) -> Kernel:
 
 __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_intensity",
            "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes", "eop_kernel",
-           "measure_module", "best_seconds", "call_key", "time_call",
+           "measure_module", "measure_modules", "measured_gain", "best_seconds", "call_key", "time_call",
            "measure_call", "op_kernel", "single_call_module", "EOP_MAX_INTENSITY", "levels",
            "roofline_seconds"]
