@@ -27,7 +27,7 @@ class BenchConfig:
     models: tuple[str, ...]
     batches: tuple[int, ...] = (1,)
     runners: tuple[str, ...] = ("tvm-untuned", "tvm-tuned", "onnxruntime", "tvm_einweld",
-                                "pytorch")
+                                "openvino", "openvino-default", "pytorch")
     trials: int = 0  # MetaSchedule trials per model, the same for every tuned runner
     baseline: str = "tvm-tuned"
     plan: TimingPlan = TimingPlan()
@@ -70,6 +70,9 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
     load = load_average()
     machine = describe_machine()
     log(f"machine: {machine.describe()}")
+    threads = config.plan.thread_count()
+    log(f"every runtime gets {threads} threads"
+        + (", each runner in its own process" if config.plan.isolate else ", in this process"))
     notes = [f"{r.name} skipped: {why}" for r in runners if (why := r.unavailable())]
     if config.trials == 0 and "tvm-tuned" in config.runners:
         notes.append("tvm-tuned at 0 trials is static_shape_tuning_pipeline without search: "
@@ -90,6 +93,9 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
             baseline=config.baseline,
             models=tuple(results),
             notes=tuple(notes_now),
+            load_after=load_average(),
+            threads=threads if config.plan.isolate else None,
+            isolated=config.plan.isolate,
         )
 
     with tempfile.TemporaryDirectory(prefix="einweld_bench_") as tmp:
