@@ -178,6 +178,17 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
     stand_ins = []
     pending = list(runners)
     with contextlib.ExitStack() as stack:
+        opened: dict[str, Handle] = {}
+
+        def open_handle(runner: Runner) -> Handle:
+            handle = _open(runner, plan, model_dir)
+            stack.callback(handle.close)
+            return handle
+
+        # Workers start together (their imports overlap); they prepare one at a time.
+        for runner in runners:
+            if not runner.unavailable():
+                opened[runner.name] = open_handle(runner)
         while pending:
             runner = pending.pop(0)
             reason = runner.unavailable()
@@ -185,8 +196,7 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
                 checked.append(RunnerResult(runner.name, SKIPPED, reason))
                 continue
             log(f"  {name} b{batch}: preparing {runner.name} ...")
-            handle = _open(runner, plan, model_dir)
-            stack.callback(handle.close)
+            handle = opened.pop(runner.name, None) or open_handle(runner)
             result = _prepare_and_check(runner, handle, model_bytes, trials, model_dir, inputs,
                                         expected, plan)
             log(f"  {name} b{batch}: {runner.name} {result.status}: {result.detail}"

@@ -274,6 +274,7 @@ def serve() -> None:
     the runner's pickled prepare function."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever the runtimes print goes to the worker's log, not the protocol
+    _write_frame(replies, ("ready", os.getpid()))  # imports done: requests are timed from here
     runner: Optional[LocalRunner] = None
     while True:
         try:
@@ -305,6 +306,9 @@ class WorkerError(RuntimeError):
 class WorkerProcess:
     """The parent's handle on one runner in its own process (see the module docstring)."""
 
+    # Seconds a fresh worker may take to import its packages (slow on a busy machine).
+    STARTUP_SECONDS = 300.0
+
     def __init__(self, prepare_fn: Callable, threads: int, log_path: Path,
                  cpus: Optional[Sequence[int]] = None, timeout: float = 600.0) -> None:
         import cloudpickle  # by value where needed: a closure, a test's or a script's runner
@@ -322,6 +326,21 @@ class WorkerProcess:
         self._proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, env=env)
         self.pid = self._proc.pid
+        self._started = False
+
+    def _wait_until_started(self) -> None:
+        """The worker's "ready" frame: its imports are done (they may overlap other work)."""
+        if self._started:
+            return
+        try:
+            _read_frame(self._proc.stdout.fileno(), time.monotonic() + self.STARTUP_SECONDS)
+        except TimeoutError:
+            self.close(kill=True)
+            raise WorkerError(f"worker did not start within {self.STARTUP_SECONDS:.0f} s")
+        except (EOFError, OSError):
+            raise WorkerError(f"worker exited with code {self._proc.wait()} while starting"
+                              + self._log_tail())
+        self._started = True
 
     def _log_tail(self) -> str:
         try:
@@ -332,6 +351,7 @@ class WorkerProcess:
         return f"; log: {lines[-1].strip()[:200]}" if lines else ""
 
     def _request(self, operation: str, *args, timeout: Optional[float]) -> Any:
+        self._wait_until_started()
         deadline = time.monotonic() + timeout if timeout is not None else None
         try:
             _write_frame(self._proc.stdin, (operation, args))
