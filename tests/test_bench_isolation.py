@@ -102,13 +102,18 @@ def _bench(tmp_path, runners, plan=PLAN):
 
 # ---- the protocol ------------------------------------------------------------------------------------
 def test_each_runner_runs_in_its_own_process_with_the_given_threads(tmp_path) -> None:
-    result = _bench(tmp_path, [Runner("a", _logged, "logged"), ONNXRUNTIME])
+    own = Runner("a", _logged, "logged", environment=(("OMP_NUM_THREADS", "3"),))
+    result = _bench(tmp_path, [own, ONNXRUNTIME])
     a, ort = result.result("a"), result.result("onnxruntime")
     assert a.status == ort.status == OK and a.latency > 0 and ort.latency > 0
     assert len({os.getpid(), a.pid, ort.pid}) == 3
     assert {pid for pid, _ in _calls(tmp_path, "a")} == {a.pid}
     settings, ort_settings = dict(a.settings), dict(ort.settings)
-    assert all(settings[var] == "1" for var in THREAD_VARS)  # PLAN.threads
+    # PLAN.threads for every runtime, then the runner's own environment on top
+    assert {var: settings[var] for var in THREAD_VARS} == {
+        "TVM_NUM_THREADS": "1", "OMP_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1"}
+    assert ort_settings["OMP_NUM_THREADS"] == "1"
     assert settings["seen_tvm_threads"] == "1"  # set in the worker before anything ran
     assert ort_settings["intra_op_num_threads"] == "1"
     assert result.load_before is not None and result.load_after is not None

@@ -25,7 +25,7 @@ import onnx
 from ..machine import load_average
 from ..models import random_inputs
 from .check import compare_outputs
-from .isolation import (InProcessRunner, Prepared, WorkerError, WorkerProcess, _first_line,
+from .isolation import (InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line,
                         machine_cpus, physical_cores)
 from .roofline import GraphCost, graph_cost
 from .runners import RUNNERS, Runner, reference_outputs
@@ -103,11 +103,12 @@ def _open(runner: Runner, plan: TimingPlan, log_dir: Path) -> Handle:
     if not plan.isolate:
         return InProcessRunner(runner.prepare)
     return WorkerProcess(runner.prepare, plan.thread_count(), log_dir / f"{runner.name}.log",
-                         timeout=plan.call_timeout)
+                         timeout=plan.call_timeout, environment=dict(runner.environment),
+                         name=runner.name)
 
 
 def _detail(err: Exception) -> str:
-    return str(err) if isinstance(err, WorkerError) else _first_line(err)
+    return str(err) if isinstance(err, WorkerError) else error_line(err)
 
 
 def _prepare_and_check(runner: Runner, handle: Handle, model_bytes: bytes, trials: int,

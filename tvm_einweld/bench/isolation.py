@@ -31,7 +31,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -167,7 +167,8 @@ class Prepared:
     settings: tuple[tuple[str, str], ...]
 
 
-def _first_line(err: BaseException) -> str:
+def error_line(err: BaseException) -> str:
+    """`Type: first line of the message`, the detail a report shows for a failure."""
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
 
@@ -294,7 +295,7 @@ def serve() -> None:
             reply = ("ok", getattr(runner, operation)(*args))
         except Exception as err:  # reported to the parent as the runner's failure
             traceback.print_exc()
-            reply = ("error", _first_line(err))
+            reply = ("error", error_line(err))
         _write_frame(replies, reply)
 
 
@@ -310,7 +311,8 @@ class WorkerProcess:
     STARTUP_SECONDS = 300.0
 
     def __init__(self, prepare_fn: Callable, threads: int, log_path: Path,
-                 cpus: Optional[Sequence[int]] = None, timeout: float = 600.0) -> None:
+                 cpus: Optional[Sequence[int]] = None, timeout: float = 600.0,
+                 environment: Mapping[str, str] = {}, name: str = "") -> None:
         import cloudpickle  # by value where needed: a closure, a test's or a script's runner
 
         self._prepare_fn = cloudpickle.dumps(prepare_fn)
@@ -319,11 +321,12 @@ class WorkerProcess:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "wb")
-        env = {**os.environ, **thread_environment(threads),
+        env = {**os.environ, **thread_environment(threads), **environment,
                _CPUS_VAR: ",".join(map(str, cpus if cpus is not None else machine_cpus())),
                _PATH_VAR: json.dumps([os.path.abspath(p) if p else os.getcwd()
                                       for p in sys.path])}
-        self._proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
+        boot = f"# tvm_einweld bench worker {name}\n{_BOOT}"  # what `ps` shows
+        self._proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, env=env)
         self.pid = self._proc.pid
         self._started = False

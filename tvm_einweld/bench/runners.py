@@ -41,6 +41,10 @@ class Runner:
     # How close its outputs must be to the reference: FP32, or looser for a runner that
     # computes in reduced precision by design (its error is then shown beside its latency).
     tolerance: Tolerance = FP32
+    # Environment variables for its worker process on top of the harness's thread counts
+    # (e.g. ("OPENBLAS_NUM_THREADS", "1") for a runner whose BLAS must not compete with
+    # TVM's pool); the report's settings line shows what the worker ran with.
+    environment: tuple[tuple[str, str], ...] = ()
 
 
 def with_settings(run: RunFn, **settings: object) -> RunFn:
@@ -308,21 +312,29 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunF
 
 
 # ---- registry ------------------------------------------------------------------------------
+# In a TVM process the cores belong to TVM's pool. numpy's OpenBLAS (tvm_einweld's GEMM
+# provider, called from a TVM thread) must not start a pool of its own beside it: its
+# threads spin after every GEMM while TVM's spin after every kernel. Measured on fsrcnn
+# (tvm_einweld, 2 cores): 10-19 ms per call with OPENBLAS_NUM_THREADS=2, 0.6 ms with 1.
+TVM_ENVIRONMENT = (("OPENBLAS_NUM_THREADS", "1"),)
 TVM_UNTUNED = Runner("tvm-untuned", _prepare_tvm_untuned,
-                     "stock TVM, tvm.compile(mod, llvm) without tuning")
+                     "stock TVM, tvm.compile(mod, llvm) without tuning",
+                     environment=TVM_ENVIRONMENT)
 # In TVM 0.27 the pre-packed layout rewrite of tuned ConvTranspose kernels gives wrong results
 # and fails to schedule some depthwise convolutions (see benchmarks/RESULTS.md); there the
 # same tuning without weight pre-packing stands in, so every model keeps a tuned TVM peer.
 TVM_TUNED = Runner("tvm-tuned", _tvm_tuned(prepack=True),
                    "stock TVM, relax.pipeline.static_shape_tuning_pipeline(trials, "
-                   "cpu_weight_prepack=True)", stand_in="tvm-tuned-noprepack")
+                   "cpu_weight_prepack=True)", stand_in="tvm-tuned-noprepack",
+                   environment=TVM_ENVIRONMENT)
 TVM_TUNED_NO_PREPACK = Runner("tvm-tuned-noprepack", _tvm_tuned(prepack=False),
                               "stock TVM, static_shape_tuning_pipeline(trials, "
-                              "cpu_weight_prepack=False)")
+                              "cpu_weight_prepack=False)", environment=TVM_ENVIRONMENT)
 ONNXRUNTIME = Runner("onnxruntime", _prepare_onnxruntime,
                      "onnxruntime CPUExecutionProvider, all graph optimisations")
 EINWELD = Runner("tvm_einweld", prepare_einweld,
-                 "tvm_einweld pipeline: derivations + tile-graph fusion + adaptive layout tuning")
+                 "tvm_einweld pipeline: derivations + tile-graph fusion + adaptive layout tuning",
+                 environment=TVM_ENVIRONMENT)
 PYTORCH = Runner("pytorch", _prepare_pytorch, "PyTorch CPU eager via onnx2torch",
                  unavailable=_pytorch_unavailable)
 OPENVINO = Runner("openvino", _openvino("f32"),
