@@ -46,8 +46,9 @@ _CPUS_VAR = "EINWELD_BENCH_CPUS"
 _PATH_VAR = "EINWELD_WORKER_PATH"
 
 # The worker's first statements: widen its affinity before anything starts a thread (the
-# parent may carry TVM's pin to CPU 0), then import with the parent's sys.path (so a
-# worktree, a test module or a script's own runners resolve as they do in the parent).
+# parent may carry TVM's pin to CPU 0); keep stdout for the protocol and send whatever else
+# is printed there (imports, TVM, MetaSchedule) to the log; then import with the parent's
+# sys.path (so a worktree, a test module or a script's own runners resolve as there).
 _BOOT = """\
 import json, os, sys
 cpus = os.environ.get("EINWELD_BENCH_CPUS")
@@ -56,9 +57,11 @@ if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
     except OSError:
         pass
+replies = os.dup(1)
+os.dup2(2, 1)
 sys.path[:0] = json.loads(os.environ["EINWELD_WORKER_PATH"])
 from tvm_einweld.bench.isolation import serve
-serve()
+serve(replies)
 """
 
 
@@ -269,12 +272,11 @@ def _read_frame(fd: int, deadline: Optional[float] = None) -> Any:
     return pickle.loads(_read_exact(fd, size, deadline))
 
 
-def serve() -> None:
-    """The worker's loop: answer (operation, args) requests with ("ok", result) or
-    ("error", detail) until "quit" or the parent goes away. The first request's argument is
-    the runner's pickled prepare function."""
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # whatever the runtimes print goes to the worker's log, not the protocol
+def serve(reply_fd: int) -> None:
+    """The worker's loop: answer (operation, args) requests on stdin with ("ok", result) or
+    ("error", detail) on `reply_fd` until "quit" or the parent goes away. The "prepare"
+    request carries the runner's pickled prepare function."""
+    replies = os.fdopen(reply_fd, "wb")
     _write_frame(replies, ("ready", os.getpid()))  # imports done: requests are timed from here
     runner: Optional[LocalRunner] = None
     while True:
@@ -312,7 +314,7 @@ class WorkerProcess:
 
     def __init__(self, prepare_fn: Callable, threads: int, log_path: Path,
                  cpus: Optional[Sequence[int]] = None, timeout: float = 600.0,
-                 environment: Mapping[str, str] = {}, name: str = "") -> None:
+                 environment: Optional[Mapping[str, str]] = None, name: str = "") -> None:
         import cloudpickle  # by value where needed: a closure, a test's or a script's runner
 
         self._prepare_fn = cloudpickle.dumps(prepare_fn)
@@ -321,7 +323,7 @@ class WorkerProcess:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "wb")
-        env = {**os.environ, **thread_environment(threads), **environment,
+        env = {**os.environ, **thread_environment(threads), **(environment or {}),
                _CPUS_VAR: ",".join(map(str, cpus if cpus is not None else machine_cpus())),
                _PATH_VAR: json.dumps([os.path.abspath(p) if p else os.getcwd()
                                       for p in sys.path])}
