@@ -144,6 +144,7 @@ def test_bench_command_in_process(tmp_path, monkeypatch) -> None:
 def test_suite_reports_each_finished_model(tmp_path, monkeypatch) -> None:
     """A long run cut short keeps its finished rows: `on_model` sees each partial result."""
     monkeypatch.setattr(suite, "describe_machine", lambda: MACHINE)
+    monkeypatch.setattr(suite, "load_average", lambda: 0.0)  # an idle machine
     config = suite.with_overrides(suite.QUICK, models=("fsrcnn", "nerf"),
                                   runners=("onnxruntime",), baseline="onnxruntime")
     partials = []
@@ -151,6 +152,17 @@ def test_suite_reports_each_finished_model(tmp_path, monkeypatch) -> None:
     assert [[m.model for m in p.models] for p in partials] == [["fsrcnn"], ["fsrcnn", "nerf"]]
     assert "partial: 1 more model(s) to measure" in partials[0].notes
     assert not any(n.startswith("partial") for n in final.notes)
+    assert not any("busy" in n for n in final.notes)
+
+
+def test_suite_says_when_the_machine_was_busy(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(suite, "describe_machine", lambda: MACHINE)
+    monkeypatch.setattr(suite, "load_average", lambda: 9.0)
+    config = suite.with_overrides(suite.QUICK, models=("fsrcnn",), runners=("onnxruntime",),
+                                  baseline="onnxruntime")
+    result = suite.run_suite(config, log=lambda s: None)
+    assert any(n.startswith("the machine was busy (1-min load up to 9.0") for n in result.notes)
+    assert result.load_average == result.load_after == 9.0
 
 
 def test_bench_list(tmp_path, capsys) -> None:

@@ -17,7 +17,8 @@ from typing import Callable, Optional, Sequence
 
 from ..models import get_model
 from .harness import ModelResult, TimingPlan, benchmark_model
-from ..machine import describe_machine, load_average
+from .isolation import machine_cpus
+from ..machine import describe_machine, is_busy, load_average
 from .report import SuiteResult
 from .runners import RUNNERS, Runner
 
@@ -82,6 +83,13 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
     results: list[ModelResult] = []
 
     def result(notes_now: list[str]) -> SuiteResult:
+        load_now = load_average()
+        busiest = max([x for x in (load, load_now) if x is not None], default=None)
+        if is_busy(busiest, len(machine_cpus())):
+            notes_now = notes_now + [
+                f"the machine was busy (1-min load up to {busiest:.1f} on "
+                f"{len(machine_cpus())} CPUs): latencies read high and spreads wide; "
+                "measure again on an idle machine before quoting them"]
         return SuiteResult(
             command=command or " ".join(shlex.quote(a) for a in sys.argv),
             started_utc=started.isoformat(timespec="seconds"),
@@ -93,7 +101,7 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
             baseline=config.baseline,
             models=tuple(results),
             notes=tuple(notes_now),
-            load_after=load_average(),
+            load_after=load_now,
             threads=threads if config.plan.isolate else None,
             isolated=config.plan.isolate,
         )
