@@ -25,6 +25,8 @@ setup(
         # tornado: TVM's RPC tracker (tests tune through RPC on loopback); matplotlib: charts
         "test": ["pytest", "onnxruntime", "tornado", "matplotlib"],
         "plot": ["matplotlib"],
+        # the peers the zoo benchmark compares with (each runner says when it is missing)
+        "bench": ["onnxruntime", "openvino", "matplotlib"],
     },
     entry_points={"console_scripts": ["tvm-einweld=tvm_einweld.cli:main"]},
 )

@@ -4,6 +4,12 @@ The same code as `python -m tvm_einweld bench`; see `--help`. `--quick` measures
 small models without tuning in a few minutes on 2 cores; without it every zoo model is
 measured with 128 MetaSchedule trials per model for each tuned runner (4-5 hours on 2
 cores). `--trials`, `--models`, `--runners`, `--batch` override either preset.
+
+Every runner runs in its own worker process with every runtime given the physical cores
+(`--threads` to change; the report lists each runner's settings as read back from its
+runtime), in rounds that alternate across the processes; the report gives each runner's
+spread across rounds and the load before and after. `--in-process` times them all in one
+process instead, to show what that costs.
 """
 from __future__ import annotations
 

@@ -46,22 +46,22 @@ def _crashing(model, trials, work_dir):
     raise RuntimeError("codegen exploded\nsecond line")
 
 
-def _calls_counted(counter: list):
-    def prepare(model, trials, work_dir):
-        run = _prepare_onnxruntime(model, trials, work_dir)
+def _counted(model, trials, work_dir):
+    """onnxruntime, counting its calls in a file (it runs in a worker process)."""
+    run = _prepare_onnxruntime(model, trials, work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
 
-        def counted(inputs):
-            counter.append(1)
-            return run(inputs)
-        return counted
-    return prepare
+    def counted(inputs):
+        with open(work_dir / "calls.log", "a") as f:
+            f.write("call\n")
+        return run(inputs)
+    return counted
 
 
 def test_wrong_failed_and_skipped_runners_are_reported_not_timed(tmp_path) -> None:
     model = build_model("fsrcnn")
-    calls: list = []
     runners = [
-        Runner("good", _calls_counted(calls), "onnxruntime, counted"),
+        Runner("good", _counted, "onnxruntime, counted"),
         Runner("off-by-5%", _perturbed, "planted fault: wrong output"),
         Runner("crash", _crashing, "planted fault: raises"),
         Runner("absent", _crashing, "not installed", unavailable=lambda: "not installed: x"),
@@ -69,8 +69,10 @@ def test_wrong_failed_and_skipped_runners_are_reported_not_timed(tmp_path) -> No
     result = benchmark_model("fsrcnn", model, 1, runners, 0, tmp_path, PLAN, log=lambda s: None)
     by_name = {r.runner: r for r in result.results}
     assert by_name["good"].status == OK and len(by_name["good"].timing.samples) == 3
-    # check call + calls_per_sample probe + warm-up + 3 timed samples (1 call each)
-    assert len(calls) == 1 + 1 + 1 + 3
+    # check call + calls_per_sample probe + warm-up + 3 timed rounds (1 call each) + the
+    # check after timing
+    calls = (tmp_path / "fsrcnn_b1" / "good" / "calls.log").read_text().split()
+    assert len(calls) == 1 + 1 + 1 + 3 + 1
     assert by_name["off-by-5%"].status == WRONG and by_name["off-by-5%"].timing is None
     assert "out of tolerance" in by_name["off-by-5%"].detail
     assert by_name["crash"].status == FAILED

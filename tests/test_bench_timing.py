@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tvm_einweld.bench.timing import Timing, calls_per_sample, time_alternating
+from tvm_einweld.bench.timing import Timing, alternate_rounds, calls_per_sample, time_alternating
 
 
 class FakeClock:
@@ -74,3 +74,36 @@ def test_invalid_arguments_are_rejected() -> None:
 def test_timing_spread() -> None:
     t = Timing("a", (1.0, 2.0, 3.0))
     assert t.median == 2.0 and t.spread == 1.0
+
+
+# ---- alternate_rounds: the loop the worker processes are timed with ----------------------------
+def test_a_round_is_the_median_of_its_calls() -> None:
+    """A sampler returns every call's seconds; the round keeps their median, so one slow
+    call (a pool waking up after the other runners' rounds) does not move it."""
+    rounds = iter([[9.0, 1.0, 1.1], [1.2, 1.0, 8.0]])
+    timings = alternate_rounds({"a": lambda n: next(rounds)}, repeats=2, warmup=0, number=3)
+    assert timings["a"].samples == (1.1, 1.2) and timings["a"].calls_per_round == 3
+
+
+def test_rounds_alternate_and_a_failing_sampler_is_dropped() -> None:
+    order: list[tuple[str, int]] = []
+    errors: dict[str, Exception] = {}
+
+    def sampler(name: str, fail_on: int = 0):
+        def sample(n: int) -> list[float]:
+            order.append((name, n))
+            if fail_on and len([o for o in order if o[0] == name]) == fail_on:
+                raise RuntimeError(f"{name} broke")
+            return [1.0] * n
+        return sample
+
+    timings = alternate_rounds({"a": sampler("a"), "b": sampler("b", fail_on=3),
+                                "c": sampler("c")}, repeats=3, warmup=1,
+                               number={"a": 2, "b": 1, "c": 5}, on_error=errors.__setitem__)
+    # warm-up round (one call each), then rounds of each runner's count, a b c a b c ...
+    assert order == [("a", 1), ("b", 1), ("c", 1), ("a", 2), ("b", 1), ("c", 5),
+                     ("a", 2), ("b", 1), ("c", 5), ("a", 2), ("c", 5)]
+    assert set(timings) == {"a", "c"} and str(errors["b"]) == "b broke"
+    with pytest.raises(RuntimeError, match="b broke"):  # without on_error it propagates
+        order.clear()
+        alternate_rounds({"b": sampler("b", fail_on=1)})

@@ -1,26 +1,39 @@
 """Benchmark one model with several runners: prepare, check against onnxruntime, then time.
 
+Each runner is prepared and timed in its own worker process (`isolation`: spinning thread
+pools and TVM's CPU pin must not reach the next runner), with every runtime given the
+physical cores. The parent alternates rounds of timed calls across the workers
+(`timing.alternate_rounds`) and takes medians.
+
 A runner that cannot be prepared, crashes, or disagrees with the onnxruntime reference is
-reported as such and left out of the timing: a fast wrong answer is never a result. Where
-such a runner names a stand-in (stock tuned TVM without weight pre-packing for the pre-packing
-one), the stand-in is measured in its place and the report says so.
+reported as such and left out of the timing: a fast wrong answer is never a result. Its
+outputs are checked once more after the timing (a runtime that reuses buffers can go wrong
+on later calls). Where such a runner names a stand-in (stock tuned TVM without weight
+pre-packing for the pre-packing one), the stand-in is measured in its place and the report
+says so.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import onnx
 
+from ..machine import load_average
 from ..models import random_inputs
 from .check import compare_outputs
+from .isolation import (InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line,
+                        machine_cpus, physical_cores)
 from .roofline import GraphCost, graph_cost
-from .runners import RUNNERS, RunFn, Runner, reference_outputs
-from .timing import Timing, calls_per_sample, time_alternating
+from .runners import RUNNERS, Runner, reference_outputs
+from .timing import Timing, alternate_rounds
 
 OK, WRONG, FAILED, SKIPPED = "ok", "wrong", "failed", "skipped"
+
+Handle = Union[WorkerProcess, InProcessRunner]
 
 
 @dataclass(frozen=True)
@@ -30,10 +43,18 @@ class RunnerResult:
     detail: str  # agreement with the reference, the error, or why skipped
     prepare_seconds: Optional[float] = None
     timing: Optional[Timing] = None
+    # What it ran with: thread variables, CPUs, runtime options read back after preparing.
+    settings: tuple[tuple[str, str], ...] = ()
+    pid: Optional[int] = None  # the process it ran in
+    error: Optional[float] = None  # max |err| / max |ref| against the reference
 
     @property
     def latency(self) -> Optional[float]:
         return self.timing.median if self.timing else None
+
+    @property
+    def spread(self) -> Optional[float]:
+        return self.timing.spread if self.timing else None
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,8 @@ class ModelResult:
     results: tuple[RunnerResult, ...]
     # runner -> the runner measured in its place because it failed or was wrong
     stand_ins: tuple[tuple[str, str], ...] = ()
+    load_before: Optional[float] = None  # 1-minute load average before preparing
+    load_after: Optional[float] = None  # ... and after the timing
 
     def result(self, runner: str) -> Optional[RunnerResult]:
         return next((r for r in self.results if r.runner == runner), None)
@@ -64,38 +87,83 @@ class ModelResult:
 
 @dataclass(frozen=True)
 class TimingPlan:
-    repeats: int = 7
-    warmup: int = 1
-    min_sample_seconds: float = 0.02  # short calls are repeated back to back up to this
+    repeats: int = 7  # timed rounds per runner
+    warmup: int = 1  # untimed rounds (one call each) before them
+    min_sample_seconds: float = 0.05  # a round repeats short calls back to back up to this
+    threads: Optional[int] = None  # threads every runtime gets; None: the physical cores
+    isolate: bool = True  # each runner in its own worker process
+    prepare_timeout: Optional[float] = None  # seconds to prepare (tune + compile); None: no limit
+    call_timeout: float = 600.0  # seconds any other request may take, at least
+
+    def thread_count(self) -> int:
+        return self.threads or physical_cores(machine_cpus())
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+def _open(runner: Runner, plan: TimingPlan, log_dir: Path) -> Handle:
+    if not plan.isolate:
+        return InProcessRunner(runner.prepare)
+    return WorkerProcess(runner.prepare, plan.thread_count(), log_dir / f"{runner.name}.log",
+                         timeout=plan.call_timeout, environment=dict(runner.environment),
+                         name=runner.name)
 
 
-def _prepare_and_check(runner: Runner, model: onnx.ModelProto, trials: int, work_dir: Path,
-                       inputs, expected) -> tuple[RunnerResult, Optional[RunFn]]:
-    reason = runner.unavailable()
-    if reason:
-        return RunnerResult(runner.name, SKIPPED, reason), None
+def _detail(err: Exception) -> str:
+    return str(err) if isinstance(err, WorkerError) else error_line(err)
+
+
+def _prepare_and_check(runner: Runner, handle: Handle, model_bytes: bytes, trials: int,
+                       work_dir: Path, inputs, expected, plan: TimingPlan) -> RunnerResult:
     start = time.perf_counter()
     try:
-        run = runner.prepare(model, trials, work_dir / runner.name)
-        prepare_seconds = time.perf_counter() - start
-        outputs = run(inputs)
+        prepared: Prepared = handle.prepare(model_bytes, trials, work_dir / runner.name, inputs,
+                                            timeout=plan.prepare_timeout)
     except Exception as err:  # a broken runner is a result to report, not a crash
-        return RunnerResult(runner.name, FAILED, _first_line(err),
-                            time.perf_counter() - start), None
-    agreement = compare_outputs(outputs, expected)
-    status = OK if agreement.ok else WRONG
-    return RunnerResult(runner.name, status, agreement.detail, prepare_seconds), \
-        (run if agreement.ok else None)
+        return RunnerResult(runner.name, FAILED, _detail(err), time.perf_counter() - start,
+                            pid=handle.pid)
+    agreement = compare_outputs(prepared.outputs, expected, runner.tolerance.rtol,
+                                runner.tolerance.atol_scale)
+    return RunnerResult(runner.name, OK if agreement.ok else WRONG, agreement.detail,
+                        prepared.prepare_seconds, settings=prepared.settings, pid=prepared.pid,
+                        error=agreement.relative_error)
+
+
+def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], expected,
+                      plan: TimingPlan, log: Callable[[str], None]
+                      ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]]]:
+    """Alternating rounds over the checked runners, then one more output check each.
+    Returns the timings and, per runner that went wrong on the way, (status, detail)."""
+    problems: dict[str, tuple[str, str]] = {}
+    numbers = {}
+    for name, handle in handles.items():
+        try:
+            numbers[name] = handle.calibrate(plan.min_sample_seconds)
+        except Exception as err:
+            problems[name] = (FAILED, f"calibrating: {_detail(err)}")
+    samplers = {name: handles[name].sample for name in numbers}
+    timings = alternate_rounds(
+        samplers, plan.repeats, plan.warmup, numbers,
+        on_error=lambda name, err: problems.setdefault(name, (FAILED,
+                                                              f"timing: {_detail(err)}")))
+    for name in list(timings):
+        tolerance = runners[name].tolerance
+        try:
+            agreement = compare_outputs(handles[name].outputs(), expected, tolerance.rtol,
+                                        tolerance.atol_scale)
+        except Exception as err:
+            problems[name] = (FAILED, f"after timing: {_detail(err)}")
+            continue
+        if not agreement.ok:
+            problems[name] = (WRONG, f"after timing: {agreement.detail}")
+    for name, (status, detail) in problems.items():
+        timings.pop(name, None)
+        log(f"  {name} {status}: {detail}")
+    return timings, problems
 
 
 def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequence[Runner],
                     trials: int, work_dir: Path, plan: TimingPlan = TimingPlan(), seed: int = 0,
                     log: Callable[[str], None] = print) -> ModelResult:
+    load_before = load_average()
     inputs = random_inputs(model, seed)
     expected = reference_outputs(model, inputs)
     try:
@@ -103,28 +171,53 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
     except ValueError as err:
         log(f"  {name}: no roofline ({err})")
         cost = None
-    checked, runnable, stand_ins = [], {}, []
+    model_bytes = model.SerializeToString()
+    model_dir = work_dir / f"{name}_b{batch}"
+    checked: list[RunnerResult] = []
+    handles: dict[str, Handle] = {}
+    by_name: dict[str, Runner] = {}
+    stand_ins = []
     pending = list(runners)
-    while pending:
-        runner = pending.pop(0)
-        log(f"  {name} b{batch}: preparing {runner.name} ...")
-        result, run = _prepare_and_check(runner, model, trials, work_dir / f"{name}_b{batch}",
-                                         inputs, expected)
-        log(f"  {name} b{batch}: {runner.name} {result.status}: {result.detail}"
-            + (f" (prepared in {result.prepare_seconds:.1f} s)" if result.prepare_seconds else ""))
-        checked.append(result)
-        if run is not None:
-            runnable[runner.name] = run
-        elif result.status in (WRONG, FAILED) and runner.stand_in and \
-                runner.stand_in not in {r.name for r in runners}:
-            stand_ins.append((runner.name, runner.stand_in))
-            pending.insert(0, RUNNERS[runner.stand_in])
-    calls = {n: (lambda run=run: run(inputs)) for n, run in runnable.items()}
-    numbers = {n: calls_per_sample(c, plan.min_sample_seconds) for n, c in calls.items()}
-    timings = time_alternating(calls, plan.repeats, plan.warmup, numbers)
-    results = tuple(
-        RunnerResult(r.runner, r.status, r.detail, r.prepare_seconds, timings.get(r.runner))
-        for r in checked
-    )
-    return ModelResult(name, batch, cost, results, tuple(stand_ins))
+    with contextlib.ExitStack() as stack:
+        opened: dict[str, Handle] = {}
 
+        def open_handle(runner: Runner) -> Handle:
+            handle = _open(runner, plan, model_dir)
+            stack.callback(handle.close)
+            return handle
+
+        # Workers start together (their imports overlap); they prepare one at a time.
+        for runner in runners:
+            if not runner.unavailable():
+                opened[runner.name] = open_handle(runner)
+        while pending:
+            runner = pending.pop(0)
+            reason = runner.unavailable()
+            if reason:
+                checked.append(RunnerResult(runner.name, SKIPPED, reason))
+                continue
+            log(f"  {name} b{batch}: preparing {runner.name} ...")
+            handle = opened.pop(runner.name, None) or open_handle(runner)
+            result = _prepare_and_check(runner, handle, model_bytes, trials, model_dir, inputs,
+                                        expected, plan)
+            log(f"  {name} b{batch}: {runner.name} {result.status}: {result.detail}"
+                + (f" (prepared in {result.prepare_seconds:.1f} s)"
+                   if result.prepare_seconds else ""))
+            checked.append(result)
+            if result.status == OK:
+                handles[runner.name], by_name[runner.name] = handle, runner
+            else:
+                handle.close()  # free its memory now
+                if runner.stand_in and runner.stand_in not in {r.name for r in runners}:
+                    stand_ins.append((runner.name, runner.stand_in))
+                    pending.insert(0, RUNNERS[runner.stand_in])
+        log(f"  {name} b{batch}: timing {', '.join(handles) or 'nothing'} "
+            f"({plan.repeats} alternating rounds)")
+        timings, problems = _time_and_recheck(handles, by_name, expected, plan, log)
+    results = []
+    for r in checked:
+        status, detail = problems.get(r.runner, (r.status, r.detail))
+        results.append(RunnerResult(r.runner, status, detail, r.prepare_seconds,
+                                    timings.get(r.runner), r.settings, r.pid, r.error))
+    return ModelResult(name, batch, cost, tuple(results), tuple(stand_ins), load_before,
+                       load_average())

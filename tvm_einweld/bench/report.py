@@ -1,4 +1,10 @@
-"""Writing benchmark results: a Markdown report, a JSON dump and an optional PNG chart."""
+"""Writing benchmark results: a Markdown report, a JSON dump and an optional PNG chart.
+
+Besides latencies, the report says how far each number can be trusted: how the runners were
+run (own processes, thread counts), each runner's settings as read back from its runtime,
+the spread of its round medians, the load before and after, and every runner's error
+against the reference.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .check import RTOL
 from .harness import OK, SKIPPED, ModelResult
 from ..machine import MachineInfo
+
+# A runner's rounds agreeing within this are a trustworthy median on an idle machine.
+SPREAD_TARGET = 0.15
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,9 @@ class SuiteResult:
     baseline: str  # ratios are baseline latency / runner latency (> 1: faster than baseline)
     models: tuple[ModelResult, ...]
     notes: tuple[str, ...] = ()
+    load_after: Optional[float] = None  # 1-min load when the run ended
+    threads: Optional[int] = None  # threads every runtime was given
+    isolated: bool = True  # each runner in its own worker process
 
 
 def _ms(seconds: float) -> str:
@@ -55,7 +68,9 @@ def _cell(model: ModelResult, runner: str, baseline: str) -> str:
         other = model.stand_in(runner)
         return f"{r.status} (→ {other})" if other else r.status
     ratio = speedup(model, runner, baseline)
-    return f"{_ms(r.latency)} ({ratio:.2f}×)" if ratio else _ms(r.latency)
+    text = f"{_ms(r.latency)} ({ratio:.2f}×)" if ratio else _ms(r.latency)
+    # Error beyond fp32 rounding (a reduced-precision runner, within its own tolerance).
+    return text + (f" err {r.error:.1e}" if r.error is not None and r.error > RTOL else "")
 
 
 def latency_table(suite: SuiteResult) -> str:
@@ -82,7 +97,8 @@ def roofline_table(suite: SuiteResult) -> str:
             continue
         c = m.cost
         bound = c.bound_seconds(m_info)
-        ok = [r for r in m.results if r.status == OK and r.latency]
+        ok = [r for r in m.results if r.status == OK and r.latency
+              and (r.error is None or r.error <= RTOL)]  # fp32-accurate runners only
         best = min(ok, key=lambda r: r.latency) if ok else None
         lines.append(
             f"| {m.model} | {m.batch} | {c.flops / 1e9:.3g} | {c.min_bytes / 1e6:.3g} | "
@@ -90,6 +106,49 @@ def roofline_table(suite: SuiteResult) -> str:
             + (f"{best.runner} | {_ms(best.latency)} | {best.latency / bound:.1f}× |"
                if best else "– | – | – |"))
     return "\n".join(lines)
+
+
+def _load(value: Optional[float]) -> str:
+    return f"{value:.2f}" if value is not None else "?"
+
+
+def spread_table(suite: SuiteResult) -> str:
+    """Per runner: spread of its round medians, rounds x calls per round; ⚠ over target."""
+    runners = columns(suite)
+    head = ["model", "batch", "load before → after", *runners]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in suite.models:
+        cells = []
+        for name in runners:
+            r = m.result(name)
+            t = r.timing if r else None
+            if t is None:
+                cells.append("–")
+                continue
+            flag = " ⚠" if t.spread > SPREAD_TARGET else ""
+            cells.append(f"{t.spread:.1%}{flag} ({len(t.samples)}×{t.calls_per_round})")
+        lines.append("| " + " | ".join([m.model, str(m.batch),
+                                        f"{_load(m.load_before)} → {_load(m.load_after)}",
+                                        *cells]) + " |")
+    return "\n".join(lines)
+
+
+def settings_lines(suite: SuiteResult) -> list[str]:
+    """One line per runner and distinct settings: what it ran with, read back in its process."""
+    seen: dict[str, dict[tuple, list[str]]] = {}
+    for m in suite.models:
+        for r in m.results:
+            if r.settings:
+                seen.setdefault(r.runner, {}).setdefault(r.settings, []).append(
+                    f"{m.model} b{m.batch}")
+    lines = []
+    for runner in columns(suite):
+        variants = seen.get(runner, {})
+        for settings, models in variants.items():
+            where = f" ({', '.join(models)})" if len(variants) > 1 else ""
+            lines.append(f"- settings {runner}{where}: "
+                         + ", ".join(f"{k}={v}" for k, v in settings))
+    return lines
 
 
 def problems(suite: SuiteResult) -> list[str]:
@@ -100,21 +159,31 @@ def problems(suite: SuiteResult) -> list[str]:
 
 def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
     balance = suite.machine.sgemm_gflops / suite.machine.copy_gbs
-    load = f"{suite.load_average:.1f}" if suite.load_average is not None else "unknown"
+    threads = f"{suite.threads} threads" if suite.threads else "their default threads"
+    how = (f"Each runner ran in its own worker process with {threads} (every runtime's thread "
+           "setting, listed under Settings), prepared once, then timed in rounds that "
+           "alternated across the processes; after each round the next waited until the "
+           "previous process's threads stopped spinning."
+           if suite.isolated else
+           "All runners ran in this one process (not isolated: thread pools that spin after "
+           "a call slow the runner timed next).")
     parts = [
         "# Zoo benchmark",
         "",
         f"Command: `{suite.command}`  ",
         f"Date: {suite.started_utc} (UTC), wall time {suite.wall_seconds / 60:.1f} min  ",
-        f"Machine: {suite.machine.describe()}; machine balance {balance:.0f} FLOP/byte; "
-        f"1-min load average at start {load}  ",
+        f"Machine: {suite.machine.describe()}; machine balance {balance:.0f} FLOP/byte  ",
+        f"Load (1-min average): {_load(suite.load_average)} at start, "
+        f"{_load(suite.load_after)} at end  ",
         f"Tuning budget: {suite.trials} MetaSchedule trials per model for every tuned runner",
         "",
         "## Latency (median ms) and speedup vs " + suite.baseline,
         "",
         f"Cells: median latency in ms (speedup = {suite.baseline} latency / this latency; "
-        "> 1 is faster). Runners were called in alternation and every output was checked "
-        "against onnxruntime (graph optimisations off) before timing. `failed (→ X)` / "
+        f"> 1 is faster). {how} Every output was checked against onnxruntime (graph "
+        "optimisations off) before and after timing; `err` is the max error relative to the "
+        "largest reference value where it exceeds fp32 rounding (a reduced-precision runner, "
+        "within its own tolerance). `failed (→ X)` / "
         "`wrong (→ X)`: the runner was not timed and X was measured in its place; X's "
         "latency is then the baseline of that row.",
         "",
@@ -128,7 +197,17 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
         "",
         roofline_table(suite),
         "",
+        "## Timing spread",
+        "",
+        f"Per runner: (max − min) / median of its round medians (target ≤ "
+        f"{SPREAD_TARGET:.0%} on an idle machine; ⚠ above), then rounds × calls per round.",
+        "",
+        spread_table(suite),
+        "",
     ]
+    settings = settings_lines(suite)
+    if settings:
+        parts += ["## Settings", "", *settings, ""]
     issues = problems(suite)
     if issues:
         parts += ["## Runners not timed", "", *issues, ""]
@@ -179,6 +258,7 @@ def to_json(suite: SuiteResult) -> str:
     for m, model in zip(data["models"], suite.models):
         for r, res in zip(m["results"], model.results):
             r["median_seconds"] = res.latency
+            r["spread"] = res.spread
     return json.dumps(data, indent=1, default=default)
 
 

@@ -17,7 +17,8 @@ from typing import Callable, Optional, Sequence
 
 from ..models import get_model
 from .harness import ModelResult, TimingPlan, benchmark_model
-from ..machine import describe_machine, load_average
+from .isolation import machine_cpus
+from ..machine import describe_machine, is_busy, load_average
 from .report import SuiteResult
 from .runners import RUNNERS, Runner
 
@@ -27,7 +28,7 @@ class BenchConfig:
     models: tuple[str, ...]
     batches: tuple[int, ...] = (1,)
     runners: tuple[str, ...] = ("tvm-untuned", "tvm-tuned", "onnxruntime", "tvm_einweld",
-                                "pytorch")
+                                "openvino", "openvino-default", "pytorch")
     trials: int = 0  # MetaSchedule trials per model, the same for every tuned runner
     baseline: str = "tvm-tuned"
     plan: TimingPlan = TimingPlan()
@@ -70,6 +71,9 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
     load = load_average()
     machine = describe_machine()
     log(f"machine: {machine.describe()}")
+    threads = config.plan.thread_count()
+    log(f"every runtime gets {threads} threads"
+        + (", each runner in its own process" if config.plan.isolate else ", in this process"))
     notes = [f"{r.name} skipped: {why}" for r in runners if (why := r.unavailable())]
     if config.trials == 0 and "tvm-tuned" in config.runners:
         notes.append("tvm-tuned at 0 trials is static_shape_tuning_pipeline without search: "
@@ -79,6 +83,13 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
     results: list[ModelResult] = []
 
     def result(notes_now: list[str]) -> SuiteResult:
+        load_now = load_average()
+        busiest = max([x for x in (load, load_now) if x is not None], default=None)
+        if is_busy(busiest, len(machine_cpus())):
+            notes_now = notes_now + [
+                f"the machine was busy (1-min load up to {busiest:.1f} on "
+                f"{len(machine_cpus())} CPUs): latencies read high and spreads wide; "
+                "measure again on an idle machine before quoting them"]
         return SuiteResult(
             command=command or " ".join(shlex.quote(a) for a in sys.argv),
             started_utc=started.isoformat(timespec="seconds"),
@@ -90,6 +101,9 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
             baseline=config.baseline,
             models=tuple(results),
             notes=tuple(notes_now),
+            load_after=load_now,
+            threads=threads if config.plan.isolate else None,
+            isolated=config.plan.isolate,
         )
 
     with tempfile.TemporaryDirectory(prefix="einweld_bench_") as tmp:

@@ -1,23 +1,37 @@
-"""Side-by-side timing: runners called in alternation, median of repetitions.
+"""Side-by-side timing: rounds that alternate across runners, medians of medians.
 
-Alternating (A B C A B C ...) instead of timing each runner in a block makes slow drifts of
-the machine (frequency, other processes, thermal state) hit every runner alike; the median
-discards the occasional interrupted sample.
+This is the one implementation of the measurement loop; the harness uses it for runners in
+worker processes (`isolation`), and any benchmark can use it for calls in its own process.
+
+- Alternating rounds (A B C A B C ...) instead of timing each runner in a block make slow
+  drifts of the machine (frequency, other processes, thermal state) hit every runner alike.
+- A round is a few back-to-back calls of one runner, each timed on its own; the round's value
+  is their median, which discards the occasional interrupted call (and the first call after
+  the runner sat idle while the others ran).
+- A runner's latency is the median of its round values; their spread (max - min) / median
+  says how far the rounds agreed.
+
+A runner is given as a `Sampler`: `sampler(n)` makes n timed calls and returns the seconds of
+each. `local_sampler(fn)` makes one from a zero-argument call in this process; a worker
+process runs the same `local_sampler` on its side and answers over a pipe.
 """
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional, Sequence
+
+Sampler = Callable[[int], Sequence[float]]  # n -> seconds of each of n timed calls
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per call of one runner: every sample, and their median / minimum."""
+    """Seconds per call of one runner: one value per round (the median of its calls)."""
 
     name: str
     samples: tuple[float, ...]
+    calls_per_round: int = 1
 
     @property
     def median(self) -> float:
@@ -29,38 +43,72 @@ class Timing:
 
     @property
     def spread(self) -> float:
-        """(max - min) / median: how noisy the samples were."""
+        """(max - min) / median of the round values: how far the rounds agreed."""
         return (max(self.samples) - min(self.samples)) / self.median if self.median else 0.0
+
+
+def local_sampler(call: Callable[[], object],
+                  clock: Callable[[], float] = time.perf_counter) -> Sampler:
+    """A sampler that times `call` in this process, call by call."""
+
+    def sample(n: int) -> list[float]:
+        seconds = []
+        for _ in range(n):
+            start = clock()
+            call()
+            seconds.append(clock() - start)
+        return seconds
+
+    return sample
+
+
+def alternate_rounds(samplers: Mapping[str, Sampler], repeats: int = 7, warmup: int = 1,
+                     number: int | Mapping[str, int] = 1,
+                     on_error: Optional[Callable[[str, Exception], None]] = None,
+                     ) -> dict[str, Timing]:
+    """Time every sampler in `repeats` rounds, round-robin, after `warmup` untimed rounds of
+    one call each. A round of a runner is `number` calls (one count for all, or one per name).
+
+    A sampler that raises is dropped from the rotation and reported to `on_error` (without
+    one, the error propagates); the others go on, and it gets no Timing.
+    """
+    counts = {name: number if isinstance(number, int) else number[name] for name in samplers}
+    if repeats < 1 or warmup < 0 or min(counts.values(), default=1) < 1:
+        raise ValueError("repeats and number must be >= 1 and warmup >= 0")
+    active = dict(samplers)
+    rounds: dict[str, list[float]] = {name: [] for name in samplers}
+
+    def one_round(calls_of: Callable[[str], int], keep: bool) -> None:
+        for name, sampler in list(active.items()):
+            try:
+                seconds = sampler(calls_of(name))
+            except Exception as err:
+                if on_error is None:
+                    raise
+                del active[name]
+                on_error(name, err)
+                continue
+            if keep:
+                rounds[name].append(statistics.median(seconds))
+
+    for _ in range(warmup):
+        one_round(lambda name: 1, keep=False)
+    for _ in range(repeats):
+        one_round(counts.__getitem__, keep=True)
+    return {name: Timing(name, tuple(rounds[name]), counts[name]) for name in active}
 
 
 def time_alternating(calls: Mapping[str, Callable[[], object]], repeats: int = 7,
                      warmup: int = 1, number: int | Mapping[str, int] = 1,
                      clock: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
-    """Time each zero-argument call `repeats` times, round-robin across the calls.
-
-    Every call first runs `warmup` times (also round-robin, untimed). A sample is the mean of
-    `number` back-to-back calls (one count for all, or one per call name), so very short
-    calls can be lengthened past timer resolution.
-    """
-    counts = {name: number if isinstance(number, int) else number[name] for name in calls}
-    if repeats < 1 or warmup < 0 or min(counts.values(), default=1) < 1:
-        raise ValueError("repeats and number must be >= 1 and warmup >= 0")
-    for _ in range(warmup):
-        for fn in calls.values():
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, fn in calls.items():
-            start = clock()
-            for _ in range(counts[name]):
-                fn()
-            samples[name].append((clock() - start) / counts[name])
-    return {name: Timing(name, tuple(s)) for name, s in samples.items()}
+    """`alternate_rounds` for zero-argument calls made in this process."""
+    return alternate_rounds({name: local_sampler(fn, clock) for name, fn in calls.items()},
+                            repeats, warmup, number)
 
 
 def calls_per_sample(call: Callable[[], object], target_seconds: float = 0.05,
                      clock: Callable[[], float] = time.perf_counter) -> int:
-    """How many back-to-back calls make one sample last about `target_seconds`."""
+    """How many back-to-back calls make one round last about `target_seconds`."""
     start = clock()
     call()
     once = clock() - start

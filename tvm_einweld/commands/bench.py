@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
 
-HELP = ("benchmark the model zoo: stock TVM untuned/tuned, onnxruntime, PyTorch (and any "
-        "registered runner), alternating, medians, roofline distance; writes Markdown + PNG")
+HELP = ("benchmark the model zoo: stock TVM untuned/tuned, onnxruntime, OpenVINO, PyTorch (and "
+        "any registered runner), each in its own process, alternating rounds, medians, roofline "
+        "distance; writes Markdown + PNG")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runners", help="comma-separated runners (default: all built in)")
     parser.add_argument("--trials", type=int, help="MetaSchedule trials per model for tuned "
                         "runners (default: 0 quick, 128 full)")
-    parser.add_argument("--repeats", type=int, help="timed repetitions per runner")
+    parser.add_argument("--repeats", type=int, help="timed rounds per runner")
+    parser.add_argument("--threads", type=int, help="threads every runtime gets "
+                        "(default: the machine's physical cores)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every runner in this process (to show what isolation "
+                        "changes; spinning thread pools then slow their neighbours)")
     parser.add_argument("--baseline", help="runner the speedups are relative to "
                         "(default: tvm-tuned when selected)")
     parser.add_argument("--work-dir", type=Path, help="keep tuning logs here")
@@ -36,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
     from tvm_einweld.cli import UserError
     from tvm_einweld.models import ZOO
     from tvm_einweld.bench import report, suite
-    from tvm_einweld.bench.harness import TimingPlan
     from tvm_einweld.bench.runners import RUNNERS
 
     if args.list:
@@ -55,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
     baseline = args.baseline or ("tvm-tuned" if "tvm-tuned" in runners else runners[0])
     if args.trials is not None and args.trials < 0:
         raise UserError("--trials must be >= 0")
-    plan = TimingPlan(args.repeats, preset.plan.warmup) if args.repeats else None
+    if args.threads is not None and args.threads < 1:
+        raise UserError("--threads must be >= 1")
+    plan = dataclasses.replace(preset.plan, repeats=args.repeats or preset.plan.repeats,
+                               threads=args.threads, isolate=not args.in_process)
     config = suite.with_overrides(preset, models=_split(args.models), batches=batches,
                                   runners=runners, trials=args.trials, baseline=baseline,
                                   plan=plan, work_dir=args.work_dir)

@@ -161,7 +161,11 @@ def run(args: argparse.Namespace) -> int:
     stock = TVM_TUNED if args.trials > 0 else TVM_UNTUNED
     with tempfile.TemporaryDirectory(prefix="einweld_demo_") as tmp:
         result = benchmark_model(args.model, model, args.batch, [stock, ONNXRUNTIME, einweld],
-                                 args.trials, Path(tmp), TimingPlan(repeats=args.repeats),
+                                 # In this process: the stage report (`found`) is an
+                                 # object of the prepared pipeline, not something a worker
+                                 # process can send back.
+                                 args.trials, Path(tmp),
+                                 TimingPlan(repeats=args.repeats, isolate=False),
                                  seed=args.seed, log=lambda line: None)
     if "stages" in found:
         show_stages(found["stages"])
