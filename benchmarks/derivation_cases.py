@@ -25,7 +25,7 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
+
 import sys
 import tempfile
 import time
@@ -35,6 +35,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from tvm_einweld.bench.timing import median_seconds
 from tvm_einweld.expr import Tensor, random_inputs
 from tvm_einweld.machine import cpu_model
 from tvm_einweld.relay_passes import cases as C
@@ -87,23 +88,9 @@ def outputs(vm, args) -> Tuple[np.ndarray, ...]:
     return (out.numpy(),) if hasattr(out, "numpy") else tuple(o.numpy() for o in out)
 
 
-def calibrate(run, target_s: float = 0.05) -> int:
-    start = time.perf_counter()
-    run(1)
-    once = max(time.perf_counter() - start, 1e-6)
-    return max(1, min(1000, int(target_s / once)))
-
-
 def time_alternating(fns: Sequence, rounds: int) -> List[float]:
-    """Median seconds per call of each function, measured in alternating rounds."""
-    numbers = [calibrate(f) for f in fns]
-    samples: List[List[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for k, f in enumerate(fns):
-            start = time.perf_counter()
-            f(numbers[k])
-            samples[k].append((time.perf_counter() - start) / numbers[k])
-    return [statistics.median(s) for s in samples]
+    """Median seconds per call of each `f(n)` (which runs n calls), alternating rounds."""
+    return median_seconds([lambda f=f: f(1) for f in fns], rounds)
 
 
 def vm_runner(vm, args):

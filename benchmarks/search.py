@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import statistics
+
 import sys
 import tempfile
 import time
-from typing import Callable, List, Sequence, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import onnx
@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 from tvm import relax
 
 from tvm_einweld import machine
+from tvm_einweld.bench.timing import median_seconds as time_alternating
 from tvm_einweld.expr import Expr, Tensor
 from tvm_einweld.expr import canonical as C
 from tvm_einweld.relay_passes.derivation_transform import DerivationTransform
@@ -156,24 +157,6 @@ def convt_onnx(n, c, hw, f):
 
 
 # --- timing --------------------------------------------------------------------------------------
-
-def time_alternating(fns: Sequence[Callable[[], object]], rounds: int) -> List[float]:
-    """Median seconds per call of each function, measured in alternating rounds."""
-    loops = []
-    for f in fns:
-        f()
-        start = time.perf_counter()
-        f()
-        loops.append(max(1, min(200, int(0.05 / max(time.perf_counter() - start, 1e-6)))))
-    samples: List[List[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for k, f in enumerate(fns):
-            start = time.perf_counter()
-            for _ in range(loops[k]):
-                f()
-            samples[k].append((time.perf_counter() - start) / loops[k])
-    return [statistics.median(s) for s in samples]
-
 
 def build(mod, trials: int, work_dir: str):
     """Compile `mod` (tuned first by static_shape_tuning_pipeline when `trials` > 0) and

@@ -18,11 +18,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
 from tvm_einweld.verify.module_check import (
