@@ -66,3 +66,49 @@ def test_optimize_exports_a_checked_library(tmp_path):
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["ops"][0] for r in records] == ["relax.nn.conv2d"]
     assert {"rules", "verified", "est_time_s", "orig_time_s"} <= set(records[0]["chosen"])
+
+
+def _tiny_gather_matmul(path):
+    """int64 token ids (Gather) then a MatMul, with a dynamic batch dimension."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.uniform(-1, 1, (50, 8)).astype("float32"), "E")
+    weight = numpy_helper.from_array(rng.uniform(-1, 1, (8, 5)).astype("float32"), "W")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["E", "ids"], ["g"], axis=0),
+         helper.make_node("MatMul", ["g", "W"], ["y"])],
+        "gather_matmul", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 7, 5])], [table, weight])
+    onnx.save(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]),
+              path)
+
+
+def test_optimize_checks_a_model_with_integer_inputs(tmp_path):
+    """int64 indices get valid random indices in the check (issue 17, part 1)."""
+    path = tmp_path / "gather.onnx"
+    _tiny_gather_matmul(path)
+    out = cli("optimize", str(path), "--no-derive")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "check against onnxruntime on random inputs: ok" in out.stdout
+    assert "Traceback" not in out.stderr
+
+
+def test_a_target_that_cannot_run_here_is_an_error_unless_cross_compiling(tmp_path):
+    """cuda on a machine without a GPU: said on stdout, exit code 2 (issue 17, part 6)."""
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a GPU")  # the error path needs a machine without one
+    path = tmp_path / "gather.onnx"
+    _tiny_gather_matmul(path)
+    out = cli("optimize", str(path), "--target", "cuda", "--no-derive", "--no-fuse")
+    assert out.returncode == 2 and "no cuda device" in out.stdout
+    assert "--cross-compile" in out.stdout
+
+
+def test_the_default_target_is_this_cpu():
+    out = cli("optimize", "--help")
+    assert out.returncode == 0 and '"host"' in out.stdout and "default" in out.stdout

@@ -125,8 +125,42 @@ def show_stages(stages) -> None:
             print(f"  {kind}: {', '.join(group)} (checked against the unfused kernels)")
         for group, why in report.rejected:
             print(f"  left unfused: {', '.join(group)}: {why}")
+    if report is not None and report.analytic:
+        print(f"  {len(report.analytic)} single kernel(s) left to the analytic rules "
+              f"(faster than any tile config): {', '.join(report.analytic)}")
+    rules = getattr(stages, "rules", None)
+    if rules is not None:
+        families = {}
+        for rule in rules.scheduled.values():
+            families[rule] = families.get(rule, 0) + 1
+        print("Analytic CPU schedules: " + (", ".join(f"{n} {rule}" for rule, n in
+                                                    sorted(families.items())) or "none"))
     print("Adaptive layout tuning (AL-Ansor):")
-    print(f"  {'ran (' + str(stages.trials) + ' trials, ' + stages.layout_strategy + ')' if stages.tuned else 'off (--trials 0)'}")
+    print(f"  {tuning_summary(stages)}")
+    print("Whole-module checks (each stage's module run against the module it was given):")
+    for check in stages.checks:
+        print(f"  {check}")
+    if not stages.checks:
+        print("  no stage changed the module")
+
+
+def tuning_summary(stages) -> str:
+    """One line that says whether tuned kernels are used, and why not."""
+    if stages.trials <= 0:
+        return "off (0 trials)"
+    head = f"{stages.trials} trials, {stages.layout_strategy}: "
+    if stages.tuned:
+        untuned, tuned = stages.tuning_seconds
+        return head + (f"tuned kernels used ({tuned * 1e3:.3f} ms vs {untuned * 1e3:.3f} ms "
+                       f"untuned)")
+    check = stages.tuning_check
+    if check is not None and not check.equal:
+        return head + f"tuned kernels NOT used: the tuned module disagreed ({check.evidence})"
+    if stages.tuning_seconds is not None:
+        untuned, tuned = stages.tuning_seconds
+        return head + (f"tuned kernels NOT used: not faster ({tuned * 1e3:.3f} ms vs "
+                       f"{untuned * 1e3:.3f} ms untuned)")
+    return head + "tuned kernels NOT used (tuning produced no change)"
 
 
 def run(args: argparse.Namespace) -> int:

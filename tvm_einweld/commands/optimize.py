@@ -16,8 +16,12 @@ HELP = "optimize an ONNX model with the einweld pipeline and export the compiled
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="path to an .onnx file")
-    parser.add_argument("--target", default="llvm",
-                        help='TVM target: "llvm", "cuda" or a JSON target (default llvm)')
+    parser.add_argument("--target", default="host",
+                        help='TVM target: "host" (this CPU with its -mcpu, e.g. AVX-512; the '
+                             'default), "llvm" (generic x86-64), "cuda", or a JSON target')
+    parser.add_argument("--cross-compile", action="store_true",
+                        help="the target need not run on this machine: compile and export "
+                             "without running or checking the model")
     parser.add_argument("--trials", type=int, default=0,
                         help="MetaSchedule trials for adaptive layout tuning (default 0: none)")
     parser.add_argument("--strategy", default="adaptive", choices=("adaptive", "NL", "LR", "LC"),
@@ -36,11 +40,20 @@ def _target(text: str):
     import tvm
 
     from ..cli import UserError
+    from ..tir_passes.device import host_target
 
+    if text == "host":
+        return host_target()
     try:
         return tvm.target.Target(json.loads(text) if text.lstrip().startswith("{") else text)
     except Exception as err:
         raise UserError(f"invalid target {text!r}: {err}") from err
+
+
+def _runs_here(target) -> bool:
+    import tvm
+
+    return bool(tvm.device(target.get_target_device_type(), 0).exist)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     if args.trials < 0:
         raise UserError("--trials must be >= 0")
     target = _target(args.target)
+    if not _runs_here(target) and not args.cross_compile:
+        print(f"error: no {target.kind.name} device on this machine: the compiled model could "
+              f"not be checked or run here. Pass --cross-compile to compile and export it "
+              f"anyway (every check that needs the device is then skipped).")
+        return 2
     mod = load_onnx_as_relax(args.model)
     kinds = {str(call.op.name) for _, call, _ in operator_calls(mod)}
     unsupported = sorted(kinds - set(SUPPORTED_OPS))
@@ -74,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
             [stages, relax.pipeline.default_build_pipeline()]))
     print(f"compiled in {time.perf_counter() - start:.1f} s\n")
     show_stages(stages)
-    if target.kind.name == "llvm":
+    if not _runs_here(target):
+        print(f"\nnot checked: no {target.kind.name} device here (--cross-compile); skipped: "
+              f"the whole-module checks and the check against onnxruntime")
+    elif target.kind.name == "llvm":
         ok = _check_against_onnxruntime(args.model, executable)
         if not ok:
             print("error: the compiled model disagrees with onnxruntime; nothing exported")
