@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+import time
 from typing import Optional, Sequence
 
 # name -> (module, one-line help). The help lives here so `--help` needs no imports.
@@ -45,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Elapsed(logging.Formatter):
+    """'[  12.3 s] message': seconds since the command started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = time.perf_counter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"[{time.perf_counter() - self.start:7.1f} s] {record.getMessage()}"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -57,6 +70,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = argparse.ArgumentParser(prog=f"python -m tvm_einweld {name}", description=module.HELP)
     module.add_arguments(sub)
     args = sub.parse_args(argv[1:])
+    # Progress of long stages on stderr, elapsed seconds first, so stdout (--json) stays clean.
+    progress = logging.StreamHandler(sys.stderr)
+    progress.setFormatter(_Elapsed())
+    logger = logging.getLogger("tvm_einweld")
+    logger.addHandler(progress)
+    logger.setLevel(logging.INFO)
     try:
         return int(module.run(args) or 0)
     except UserError as err:

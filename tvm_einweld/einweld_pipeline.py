@@ -27,7 +27,10 @@ final check falls back to the user's module). `EinweldOptimize` is stages 1–4 
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import tempfile
+import time
 import warnings
 from typing import Any, Dict, List, Optional, Union
 
@@ -42,6 +45,7 @@ MIN_TUNED_GAIN = 1.05
 from .verify.module_check import ModuleCheck, checked
 
 TargetLike = Union[str, dict, tvm.target.Target, None]
+_LOG = logging.getLogger("tvm_einweld")
 
 
 def _resolve_target(target: TargetLike) -> tvm.target.Target:
@@ -89,6 +93,7 @@ class EinweldOptimize:
         self.tuning_check: Optional[ModuleCheck] = None
         self.tuning_seconds = None  # (untuned, tuned) seconds of the whole module
         self.checks: List[ModuleCheck] = []
+        self.stage_seconds: Dict[str, float] = {}  # wall time of each stage of the last run
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
         from .relay_passes.derivation_transform import DerivationTransform
@@ -97,31 +102,39 @@ class EinweldOptimize:
 
         target = _resolve_target(self.target)
         self.checks = []
+        self.stage_seconds = {}
         given = mod
+        clock = _StageClock(self.stage_seconds)
         with target:
             if self.derive:
-                options = {"target": target, **self.derive_options}
-                self.derivation = DerivationTransform(**options)
-                mod = self.derivation(mod)  # checked whole inside the pass
-                self.checks += self.derivation.checks
-            mod = tvm.transform.Sequential([
-                relax.transform.DecomposeOpsForInference(),
-                relax.transform.CanonicalizeBindings(),
-                prepare(),
-            ])(mod)
+                with clock("derivation"):
+                    options = {"target": target, **self.derive_options}
+                    self.derivation = DerivationTransform(**options)
+                    mod = self.derivation(mod)  # checked whole inside the pass
+                    self.checks += self.derivation.checks
+            with clock("legalize and fuse (stock)"):
+                mod = tvm.transform.Sequential([
+                    relax.transform.DecomposeOpsForInference(),
+                    relax.transform.CanonicalizeBindings(),
+                    prepare(),
+                ])(mod)
             if self.fuse:
-                self.fusion = TileGraphFusion(target, **self.fuse_options)
-                mod = self.fusion(mod)  # checked whole inside the pass
-                self.checks += self.fusion.checks
+                with clock("tile-graph fusion"):
+                    self.fusion = TileGraphFusion(target, **self.fuse_options)
+                    mod = self.fusion(mod)  # checked whole inside the pass
+                    self.checks += self.fusion.checks
             if target.kind.name == "llvm":
-                self.rules = ApplyCPURules(target)
-                mod = checked("analytic CPU schedules", mod, self.rules(mod), target,
-                              self.checks)
+                with clock("analytic schedules"):
+                    self.rules = ApplyCPURules(target)
+                    mod = checked("analytic CPU schedules", mod, self.rules(mod), target,
+                                  self.checks)
             if self.trials > 0:
-                mod = self._tune(mod, target)
+                with clock("tuning"):
+                    mod = self._tune(mod, target)
             # Stage by stage each module agreed with its input within tolerance; the errors of
             # several stages add up, so the result is held against the user's module too.
-            return checked("einweld pipeline", given, mod, target, self.checks)
+            with clock("final check"):
+                return checked("einweld pipeline", given, mod, target, self.checks)
 
     def _tune(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         from .auto_scheduler_ext.entry_points import adaptive_layout_tuning_pass
@@ -154,6 +167,26 @@ class EinweldOptimize:
             return mod
         self.tuned = True
         return tuned
+
+
+class _StageClock:
+    """`with clock(name):` adds the wall time of the block to `seconds[name]` and logs (logger
+    "tvm_einweld", INFO: the CLI shows it on stderr) that the stage started and how long it
+    took, so a long compile is not silent."""
+
+    def __init__(self, seconds: Dict[str, float]) -> None:
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        _LOG.info("%s ...", name)
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + spent
+            _LOG.info("%s: %.1f s", name, spent)
 
 
 def pipeline(target: TargetLike = None, **options: Any) -> tvm.transform.Pass:

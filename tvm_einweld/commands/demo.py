@@ -142,6 +142,11 @@ def show_stages(stages) -> None:
         print(f"  {check}")
     if not stages.checks:
         print("  no stage changed the module")
+    seconds = getattr(stages, "stage_seconds", {})
+    if seconds:
+        spent = sum(c.seconds for c in stages.checks)
+        print("Compile time by stage: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+              + f" (whole-module checks {spent:.1f} s of it)")
 
 
 def tuning_summary(stages) -> str:

@@ -47,23 +47,65 @@ class InputSet:
     arrays: Tuple[np.ndarray, ...]
 
 
-def input_sets(signature: Signature, seed: int = 0, random_draws: int = 2
-               ) -> Tuple[InputSet, ...]:
+def input_sets(signature: Signature, seed: int = 0, random_draws: int = 2,
+               index_bounds: Optional[Sequence[Optional[int]]] = None) -> Tuple[InputSet, ...]:
     """The inputs a module check runs: `random_draws` uniform [-1, 1] draws, then all ones,
-    all zeros and uniform draws scaled by `LARGE_SCALE` (integers stay in {-1, 0, 1})."""
+    all zeros and uniform draws scaled by `LARGE_SCALE`. Integer parameters are indices in
+    real models: they are drawn in [0, bound) (`index_bounds[k]`, default 2) and never
+    scaled, since an out-of-range index reads out of bounds in TVM's `take`."""
+    bounds = list(index_bounds or [None] * len(signature))
+
+    def draw(rng, k: int, scale: float) -> np.ndarray:
+        shape, dtype = signature[k]
+        if np.dtype(_np(dtype)).kind in "iub":
+            high = max(1, bounds[k] or 2)
+            return rng.integers(0, high, size=tuple(shape)).astype(_np(dtype))
+        arr = random_array(rng, shape, dtype)
+        return arr * np.asarray(scale, arr.dtype)
+
+    def constant(k: int, value: int) -> np.ndarray:
+        shape, dtype = signature[k]
+        if np.dtype(_np(dtype)).kind in "iub":
+            value = min(value, max(0, (bounds[k] or 2) - 1))
+        return np.full(shape, value, _np(dtype))
+
     sets = []
     for k in range(random_draws):
         rng = np.random.default_rng(seed + k)
-        sets.append(InputSet(f"random {k}", tuple(random_array(rng, s, d) for s, d in signature)))
-    sets.append(InputSet("ones", tuple(np.ones(s, _np(d)) for s, d in signature)))
-    sets.append(InputSet("zeros", tuple(np.zeros(s, _np(d)) for s, d in signature)))
+        sets.append(InputSet(f"random {k}", tuple(draw(rng, i, 1.0)
+                                                  for i in range(len(signature)))))
+    sets.append(InputSet("ones", tuple(constant(i, 1) for i in range(len(signature)))))
+    sets.append(InputSet("zeros", tuple(constant(i, 0) for i in range(len(signature)))))
     rng = np.random.default_rng(seed + random_draws)
-    large = []
-    for shape, dtype in signature:
-        arr = random_array(rng, shape, dtype)
-        large.append(arr * np.asarray(LARGE_SCALE, arr.dtype) if arr.dtype.kind == "f" else arr)
-    sets.append(InputSet("large", tuple(large)))
+    sets.append(InputSet("large", tuple(draw(rng, i, LARGE_SCALE)
+                                        for i in range(len(signature)))))
     return tuple(sets)
+
+
+def index_bounds(mod, func_name: str = "main") -> List[Optional[int]]:
+    """For each parameter of `mod[func_name]`, the size of the axis it indexes when the
+    function uses it as the indices of `relax.take` (Gather), else None."""
+    from tvm import relax
+
+    func = mod[func_name]
+    params = list(func.params)
+    bounds: List[Optional[int]] = [None] * len(params)
+    for block in getattr(func.body, "blocks", []):
+        for binding in block.bindings:
+            call = binding.value
+            if not (isinstance(call, relax.Call) and getattr(call.op, "name", "") ==
+                    "relax.take"):
+                continue
+            data, indices = call.args[0], call.args[1]
+            if indices in params and isinstance(getattr(data, "ty", None), relax.TensorType):
+                axis = int(call.attrs.axis) if call.attrs.axis is not None else 0
+                try:
+                    size = int(data.ty.shape.values[axis])
+                except (TypeError, ValueError, IndexError, AttributeError):
+                    continue
+                k = params.index(indices)
+                bounds[k] = size if bounds[k] is None else min(bounds[k], size)
+    return bounds
 
 
 def _np(dtype: str) -> np.dtype:
@@ -207,8 +249,9 @@ def check_module(stage: str, before, after, target, func_name: str = "main", see
         if ref.signature != got.signature:
             return ModuleCheck(stage, False, f"parameters differ: {ref.signature} vs "
                                f"{got.signature}", time.perf_counter() - start)
-        result = compare_compiled(got, ref, input_sets(ref.signature, seed),
-                                  "every output on every input set", rtol, atol)
+        sets = input_sets(ref.signature, seed, index_bounds=index_bounds(before, func_name))
+        result = compare_compiled(got, ref, sets, "every output on every input set", rtol,
+                                  atol)
         evidence = (f"{result.what}; max abs err {result.max_abs_error:.3g}, "
                     f"rel {result.max_rel_error:.3g}")
         return ModuleCheck(stage, result.equal, evidence, time.perf_counter() - start)
@@ -245,5 +288,5 @@ def checked(stage: str, before, after, target, checks: Optional[list] = None, **
     return before
 
 
-__all__ = ["InputSet", "input_sets", "signature", "CompiledModule", "compiled", "ModuleCheck",
+__all__ = ["InputSet", "input_sets", "index_bounds", "signature", "CompiledModule", "compiled", "ModuleCheck",
            "compare_compiled", "check_module", "checked", "LARGE_SCALE"]
