@@ -47,7 +47,7 @@ def group_arrays(graph: TileGraph, sub: SubGraph, seed: int = 0) -> list[np.ndar
 
 
 def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
-                min_repeat_ms: int = 20, repeat: int = 5) -> float:
+                min_repeat_ms: int = 5, repeat: int = 3) -> float:
     """Median seconds of one call of `func` (params: sub.inputs, then sub.output)."""
     lib = build(func, target)
     dev = _device(target)
