@@ -52,7 +52,7 @@ from fractions import Fraction
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
-from tvm.s_tir.dlight.gpu.matmul import get_index_map
+from tvm.s_tir.dlight.gpu.matmul import IterKind, IterTrait, make_iter_fusion_index_map
 from tvm.target import Target, codegen
 
 from .isa import VectorISA, vector_isa
@@ -252,6 +252,65 @@ def _has_root(sch: s_tir.Schedule) -> bool:
         return False
 
 
+def _access_vars(regions) -> list[set] | None:
+    """Per region, the block variables its indices use; None unless every access is one
+    element (the einsum form)."""
+    out = []
+    for region in regions:
+        used: set = set()
+        for rng in region.region:
+            if _static(rng.extent) != 1:
+                return None
+            used |= {v for v in tirx.analysis.undefined_vars(rng.min)}
+        out.append(used)
+    return out
+
+
+def gemm_index_maps(block: s_tir.SBlock) -> tuple[tirx.IndexMap, ...] | None:
+    """(block map, A map, B map, C map) normalising `block` to C[S,I,J] += A[S,I,K]*B[S,J,K].
+
+    Like dlight's `get_index_map`, but an absent I axis is allowed (M = 1: a row vector times
+    a matrix keeps all its columns in the vector lanes); J and K must exist. Extent-1 axes are
+    trivial and dropped."""
+    if len(block.reads) != 2 or len(block.writes) != 1:
+        return None
+    used = _access_vars([block.reads[0], block.reads[1], block.writes[0]])
+    if used is None:
+        return None
+    a_vars, b_vars, c_vars = used
+    traits = {}
+    for iv in block.iter_vars:
+        var, extent = iv.var, iv.dom.extent
+        if _static(extent) == 1:
+            kind = IterKind.kIter_T
+        elif iv.iter_type == tirx.IterVar.DataPar:
+            where = (var in a_vars, var in b_vars, var in c_vars)
+            kind = {(True, True, True): IterKind.kIter_S, (True, False, True): IterKind.kIter_I,
+                    (False, True, True): IterKind.kIter_J}.get(where)
+        elif iv.iter_type == tirx.IterVar.CommReduce and var in a_vars and var in b_vars \
+                and var not in c_vars:
+            kind = IterKind.kIter_K
+        else:
+            kind = None
+        if kind is None:
+            return None
+        traits[var] = IterTrait(kind, extent)
+    kinds = {t.kind for t in traits.values()}
+    if IterKind.kIter_J not in kinds or IterKind.kIter_K not in kinds:
+        return None
+
+    def of(vars_):
+        return [traits[iv.var] for iv in block.iter_vars if iv.var in vars_]
+
+    S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
+    return (
+        make_iter_fusion_index_map([traits[iv.var] for iv in block.iter_vars], [S, I, J, K]),
+        make_iter_fusion_index_map(of(a_vars), [S, I, K]),
+        make_iter_fusion_index_map(of(b_vars), [S, J, K]),
+        make_iter_fusion_index_map(of(c_vars), [S, I, J]),
+    )
+
+
 def _inline_producers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
     """Inline every spatial producer chain of `block` (casts, transposes, broadcasts) so the
     reduction reads function parameters; producers that refuse stay materialised."""
@@ -326,7 +385,7 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
         return None
     _inline_producers(sch, main)
     stmt = sch.get(main)
-    if len(stmt.reads) != 2 or len(stmt.writes) != 1 or get_index_map(stmt) is None:
+    if gemm_index_maps(stmt) is None:
         return None
     if any(_static(iv.dom.extent) is None for iv in stmt.iter_vars):
         return None
@@ -336,11 +395,14 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
     reindex_c = sch.reindex(main, ("write", 0))
-    block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    block_map, a_map, b_map, c_map = gemm_index_maps(sch.get(main))
     sch.transform_layout(reindex_a, ("write", 0), a_map)
     sch.transform_layout(reindex_b, ("write", 0), b_map)
     sch.transform_layout(reindex_c, ("read", 0), c_map)
     sch.transform_block_layout(main, block_map)
+    # The copies iterate in the normalised order too, so their loops are (S, I|J, K).
+    sch.transform_block_layout(reindex_a, a_map)
+    sch.transform_block_layout(reindex_b, b_map)
     batch, m, n, k = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
     return sch, main, GemmShape(batch, m, n, k, dtype)
 
