@@ -30,6 +30,7 @@ from tvm import relax, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from .conv import Conv2D
 from .gemm import GEMM
 
 
@@ -39,13 +40,11 @@ def _is_scheduled(func: tirx.PrimFunc) -> bool:
 
 
 def default_rules() -> list[ScheduleRule]:
-    """The rules of this package's CPU GEMM class (matmul family first, then convolutions)."""
-    rules: list[ScheduleRule] = [GEMM()]
-    try:
-        from .conv import Conv2D  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        return rules
-    return rules + [Conv2D()]
+    """The rules of this package's CPU GEMM class. Convolutions first: an NCHW convolution also
+    has the einsum form the GEMM rule accepts (an implicit im2col with the output channels in
+    the vector lanes), but the direct schedule, vectorised along the output row, measured ~2x
+    faster on a 64-channel 3x3 convolution."""
+    return [Conv2D(), GEMM()]
 
 
 @tvm.transform.module_pass(opt_level=0, name="ApplyCPURules")

@@ -115,7 +115,7 @@ class CacheSizes:
 
 
 # ------------------------------------------------------------------------------ sizing
-def _micro_cycles(isa: VectorISA, mr: int, vectors: int) -> Fraction:
+def micro_cycles(isa: VectorISA, mr: int, vectors: int) -> Fraction:
     """Modelled cycles per k step of an mr x vectors micro-kernel.
 
     The bound is the larger of FMA throughput, load issue (mr broadcasts of A + `vectors`
@@ -131,12 +131,17 @@ def _micro_cycles(isa: VectorISA, mr: int, vectors: int) -> Fraction:
     return bound + Fraction(vectors + 1, LOAD_PORTS)
 
 
+def fits_registers(isa: VectorISA, mr: int, vectors: int) -> bool:
+    """mr * vectors accumulators + `vectors` loaded B vectors + 1 broadcast fit the file."""
+    return mr * vectors + vectors + 1 <= isa.registers
+
+
 def choose_register_block(isa: VectorISA, dtype: str, m: int, n: int) -> RegisterBlock:
     """The (mr, vectors) minimising the modelled time of the padded m x n problem.
 
     Registers: mr * vectors accumulators + `vectors` B vectors + 1 broadcast A value must fit
     in the register file. The model charges padding (ceil(m/mr) * ceil(n/nr) blocks) times the
-    cycles per k step of one block (`_micro_cycles`); ties go to more accumulators.
+    cycles per k step of one block (`micro_cycles`); ties go to more accumulators.
     A block with a single B vector is only considered when N fits in one vector: with one B
     vector every FMA waits on its own broadcast of A (measured 2x slower than the model)."""
     lanes = isa.lanes(dtype)
@@ -144,12 +149,12 @@ def choose_register_block(isa: VectorISA, dtype: str, m: int, n: int) -> Registe
     best = None
     for mr in range(1, min(m, isa.registers) + 1):
         for vectors in range(min_vectors, isa.registers):
-            if mr * vectors + vectors + 1 > isa.registers:
+            if not fits_registers(isa, mr, vectors):
                 break
             if (vectors - 1) * lanes >= n:  # a whole vector of padding: never useful
                 break
             blocks = math.ceil(m / mr) * math.ceil(n / (vectors * lanes))
-            key = (blocks * _micro_cycles(isa, mr, vectors), -mr * vectors)
+            key = (blocks * micro_cycles(isa, mr, vectors), -mr * vectors)
             if best is None or key < best[0]:
                 best = (key, RegisterBlock(mr, vectors, lanes))
     assert best is not None
