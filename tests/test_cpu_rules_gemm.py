@@ -265,3 +265,14 @@ def test_planted_faults_in_the_pack_are_caught():
     ok = pack_panels(w2, nr_sq)
     if ok.shape[2] == ok.shape[3]:
         assert not kernel_matches(lib_sq, x2, ok.transpose(0, 1, 3, 2).copy(), x2 @ w2)
+
+
+def test_usable_with_dlight_apply_default_schedule():
+    from tvm.s_tir import dlight
+    mod = tvm.IRModule({"main": te_matmul(17, 40, 9)})
+    with TARGET:
+        out = dlight.ApplyDefaultSchedule(gemm.GEMM())(mod)
+    assert "tirx.is_scheduled" in out["main"].attrs
+    a, b = rand(17, 9), rand(9, 40)
+    got = run_func(out["main"], a, b, out_shape=(17, 40), dtype="float32")
+    np.testing.assert_allclose(got, a @ b, **tol("float32"))

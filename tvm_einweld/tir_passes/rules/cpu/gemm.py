@@ -38,19 +38,23 @@ threads touch the same output element.
 
 Sizing (all from the target and the device model, nothing from a particular CPU):
 `choose_register_block` picks (mr, nr) that minimise a cycle model of the padded problem
-(FMA throughput, load ports, FMA latency over independent accumulators) under the register
-budget; `choose_tiles` sizes `kc` so a kc x nr panel of B stays in L1 and `mc` so an mc x kc
-block of A stays in L2, while leaving enough parallel tiles for the cores.
+(FMA throughput, load ports, FMA latency over independent accumulators, see `micro_cycles`)
+under the register budget; `choose_tiles` sizes `mc` so the mc x nr accumulator tile and
+`kc` so a kc x nr panel of B each take at most half of L1, while leaving enough parallel
+tiles for the cores. Cache sizes come from the device model (`device.cpu_device`, sysfs) when
+the target is this host, else from the `DEFAULT_CACHES` table.
 """
 from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 from fractions import Fraction
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import IterKind, IterTrait, make_iter_fusion_index_map
 from tvm.target import Target, codegen
@@ -217,8 +221,7 @@ def cache_sizes(target: Target) -> CacheSizes:
 
 
 def target_cores(target: Target) -> int:
-    import os  # pylint: disable=import-outside-toplevel
-
+    """The target's `num-cores`, else this machine's CPU count."""
     return int(target.attrs.get("num-cores", 0) or 0) or os.cpu_count() or 1
 
 
@@ -249,8 +252,10 @@ def _is_spatial(block: s_tir.SBlock) -> bool:
 def find_gemm_block(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
     """The single reduction block of a function whose other blocks are all spatial, if it has
     the einsum form of a matrix product; None otherwise."""
-    root = sch.get_sblock("root") if _has_root(sch) else None
-    blocks = sch.get_child_blocks(root) if root is not None else []
+    try:
+        blocks = sch.get_child_blocks(get_root_block(sch))
+    except ValueError:  # the body is not a root block (an already lowered function)
+        return None
     reductions = []
     for block in blocks:
         stmt = sch.get(block)
@@ -264,14 +269,6 @@ def find_gemm_block(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
     if len(reductions) != 1:
         return None
     return reductions[0]
-
-
-def _has_root(sch: s_tir.Schedule) -> bool:
-    try:
-        sch.get_sblock("root")
-        return True
-    except Exception:  # pylint: disable=broad-except
-        return False
 
 
 def _access_vars(regions) -> list[set] | None:
