@@ -276,3 +276,22 @@ def test_usable_with_dlight_apply_default_schedule():
     a, b = rand(17, 9), rand(9, 40)
     got = run_func(out["main"], a, b, out_shape=(17, 40), dtype="float32")
     np.testing.assert_allclose(got, a @ b, **tol("float32"))
+
+
+def test_gelu_epilogue_reads_the_product_twice():
+    """GELU reads matmul + bias twice (x * erf(x)): the consumer diamond must fold into the
+    write-back (it once left a dangling buffer; `well_formed` guards against that)."""
+    x, w, bias = rand(5, 24), rand(24, 40), rand(40)
+
+    def body(bb, xv):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(xv, relax.const(w))),
+                                 relax.const(bias)))
+        return bb.emit(relax.op.nn.gelu(y))
+
+    mod = build([("x", (5, 24), "float32")], body)
+    kernels = [f for _, f in lowered(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert all("tirx.is_scheduled" in f.attrs for f in kernels)
+    from math import erf
+    y = x @ w + bias
+    ref = y * 0.5 * (1 + np.vectorize(erf)(y / np.sqrt(2)))
+    np.testing.assert_allclose(compile_and_run(mod, x), ref, rtol=1e-4, atol=1e-4)

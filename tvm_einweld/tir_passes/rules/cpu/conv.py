@@ -134,7 +134,7 @@ class Conv2D(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
-            return schedule_conv(func, target)
+            return gemm.well_formed(schedule_conv(func, target))
         except (RuntimeError, ValueError):
             return None
 

@@ -344,16 +344,34 @@ def _inline_producers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> No
                 continue
 
 
+def _all_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list:
+    out = []
+    for consumer in sch.get_consumers(block):
+        out.append(consumer)
+        out.extend(_all_consumers(sch, consumer))
+    return out
+
+
 def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
-    """Inline the consumer chain (copies of the reindex/pad crop, epilogues) into `block`."""
+    """Fold the consumer graph (reindex/pad crops, epilogues) into `block`, as dlight does:
+    first inline intermediate consumers forward into their own consumers (so a value read
+    twice, like GELU's x * erf(x), becomes one expression), then reverse-inline the rest
+    into `block`. Consumers that refuse stay at the root, still correct."""
     changed = True
     while changed:
         changed = False
-        for consumer in sch.get_consumers(block):
+        consumers = _all_consumers(sch, block)
+        for consumer in consumers:
+            try:
+                sch.compute_inline(consumer)
+                changed = True
+            except (RuntimeError, ValueError):
+                continue
+        for consumer in consumers:
             try:
                 sch.reverse_compute_inline(consumer)
                 changed = True
-            except Exception:  # pylint: disable=broad-except
+            except (RuntimeError, ValueError):
                 continue
 
 
@@ -387,11 +405,32 @@ class GEMM(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
-            return schedule_gemm(func, target)
+            return well_formed(schedule_gemm(func, target))
         except (RuntimeError, ValueError):
             # A primitive refused (an access pattern we did not foresee): leave the function
             # to other rules rather than risk a wrong or half-made schedule.
             return None
+
+
+def well_formed(sch: s_tir.Schedule | None) -> s_tir.Schedule | None:
+    """`sch` if its function survives the start of TVM's own lowering (block lowering up to
+    buffer flattening, a few milliseconds), else None: a last guard against a primitive
+    sequence that leaves e.g. a dangling buffer, seen with TVM 0.27's reverse_compute_inline
+    on a diamond of consumers (GELU)."""
+    if sch is None:
+        return None
+    from tvm.s_tir import transform as st  # pylint: disable=import-outside-toplevel
+
+    lowering = tvm.transform.Sequential([
+        st.CanonicalizeLoop(), st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
+        st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerMatchBuffer(),
+        st.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
+    ])
+    try:
+        lowering(tvm.IRModule({"main": sch.mod["main"]}))
+    except (RuntimeError, ValueError):
+        return None
+    return sch
 
 
 def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockRV, GemmShape
