@@ -295,3 +295,13 @@ def test_gelu_epilogue_reads_the_product_twice():
     y = x @ w + bias
     ref = y * 0.5 * (1 + np.vectorize(erf)(y / np.sqrt(2)))
     np.testing.assert_allclose(compile_and_run(mod, x), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_matrix_vector_is_declined_and_still_correct():
+    """N = 1 (no column axis for the lanes): the rule declines (None) and the function keeps
+    stock TVM's lowering, still correct."""
+    x, w = rand(30, 64), rand(64, 1)
+    assert gemm.GEMM().apply(te_matmul(30, 1, 64), TARGET, False) is None
+    mod = build([("x", (30, 64), "float32")],
+                lambda bb, xv: bb.emit(relax.op.matmul(xv, relax.const(w))))
+    np.testing.assert_allclose(compile_and_run(mod, x), x @ w, rtol=1e-4, atol=1e-4)
