@@ -49,6 +49,7 @@ def run_func(func, *arrays, out_shape, dtype):
     (97, 89, 101, "float32", False),   # primes everywhere: pad I and J, K not split
     (5, 7, 3, "float32", False),       # K (and N) smaller than the vector lanes
     (1, 37, 53, "float32", True),      # M = 1 (dense GEMV), transposed weight
+    (45, 1, 70, "float32", False),     # N = 1 (matrix times column vector): operands swap
     (31, 17, 19, "float64", False),    # fp64: 8 lanes
     (64, 48, 640, "float32", True),    # K split by kc, exact tiles
 ])
@@ -80,6 +81,7 @@ def test_not_a_gemm_returns_none():
     r = te.reduce_axis((0, 9), "k")
     row_sum = te.compute((8,), lambda i: te.sum(a[i, r], axis=r), name="S")
     assert gemm.GEMM().apply(te.create_prim_func([a, row_sum]), TARGET, False) is None
+    assert gemm.GEMM().apply(te_matmul(1, 1, 70), TARGET, False) is None  # a dot product
     elementwise = te.compute((8, 9), lambda i, j: a[i, j] * 2.0, name="E")
     assert gemm.GEMM().apply(te.create_prim_func([a, elementwise]), TARGET, False) is None
 
@@ -297,11 +299,13 @@ def test_gelu_epilogue_reads_the_product_twice():
     np.testing.assert_allclose(compile_and_run(mod, x), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_matrix_vector_is_declined_and_still_correct():
-    """N = 1 (no column axis for the lanes): the rule declines (None) and the function keeps
-    stock TVM's lowering, still correct."""
-    x, w = rand(30, 64), rand(64, 1)
-    assert gemm.GEMM().apply(te_matmul(30, 1, 64), TARGET, False) is None
-    mod = build([("x", (30, 64), "float32")],
-                lambda bb, xv: bb.emit(relax.op.matmul(xv, relax.const(w))))
-    np.testing.assert_allclose(compile_and_run(mod, x), x @ w, rtol=1e-4, atol=1e-4)
+def test_matrix_vector_swaps_operands():
+    """N = 1 (a matrix times a column vector): the operands swap roles, the matrix rows go to
+    the vector lanes (the matrix is packed into panels), with a fused bias."""
+    x, w, bias = rand(301, 64), rand(64, 1), rand(1)
+    assert gemm.analyse(te_matmul(301, 1, 64))[2].a_read == 1
+    mod = build([("x", (301, 64), "float32")], lambda bb, xv: bb.emit(relax.op.add(
+        bb.emit(relax.op.matmul(xv, relax.const(w))), relax.const(bias))))
+    kernels = [f for _, f in lowered(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert all("tirx.is_scheduled" in f.attrs for f in kernels)
+    np.testing.assert_allclose(compile_and_run(mod, x), x @ w + bias, rtol=1e-4, atol=1e-4)

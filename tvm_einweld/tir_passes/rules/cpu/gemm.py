@@ -8,6 +8,8 @@ iterators are classified (dlight's `detect_iter_traits`: S = batch axes read by 
 I = axes of A and C; J = axes of B and C; K = reduced axes of A and B). Several axes of a kind
 are fused into one, so broadcast batches (an axis only A and C have) simply join I, and a
 transposed B (`linear`, `permute_dims` + matmul) is just a different access order of B.
+M = 1 keeps I empty; N = 1 (a matrix times a column vector) swaps the operands, C^T = B^T A^T,
+so the matrix rows fill the vector lanes. A dot product (M = N = 1) is not matched.
 All other blocks must be spatial: producers are inlined, consumers (bias add, relu, clip,
 residual add, ...) are inlined into the write-back of the output tile. Shapes must be static.
 
@@ -235,6 +237,7 @@ class GemmShape:
     n: int
     k: int
     dtype: str
+    a_read: int = 0  # which of the reduction block's reads is A (1: operands swapped, N = 1)
 
 
 def _static(extent) -> int | None:
@@ -285,18 +288,20 @@ def _access_vars(regions) -> list[set] | None:
     return out
 
 
-def gemm_index_maps(block: s_tir.SBlock) -> tuple[tirx.IndexMap, ...] | None:
-    """(block map, A map, B map, C map) normalising `block` to C[S,I,J] += A[S,I,K]*B[S,J,K].
+@dataclass(frozen=True)
+class GemmMaps:
+    """Index maps normalising a block to C[S,I,J] += A[S,I,K] * B[S,J,K]; `a_read` is the
+    position of the A operand in the block's reads (1 when the operands are swapped)."""
 
-    Like dlight's `get_index_map`, but an absent I axis is allowed (M = 1: a row vector times
-    a matrix keeps all its columns in the vector lanes); J and K must exist. Extent-1 axes are
-    trivial and dropped."""
-    if len(block.reads) != 2 or len(block.writes) != 1:
-        return None
-    used = _access_vars([block.reads[0], block.reads[1], block.writes[0]])
-    if used is None:
-        return None
-    a_vars, b_vars, c_vars = used
+    block: tirx.IndexMap
+    a: tirx.IndexMap
+    b: tirx.IndexMap
+    c: tirx.IndexMap
+    a_read: int
+
+
+def _classify(block: s_tir.SBlock, a_vars: set, b_vars: set, c_vars: set) -> dict | None:
+    """{block var: IterTrait} for the einsum form with A = `a_vars`' operand, or None."""
     traits = {}
     for iv in block.iter_vars:
         var, extent = iv.var, iv.dom.extent
@@ -314,19 +319,40 @@ def gemm_index_maps(block: s_tir.SBlock) -> tuple[tirx.IndexMap, ...] | None:
         if kind is None:
             return None
         traits[var] = IterTrait(kind, extent)
-    kinds = {t.kind for t in traits.values()}
-    if IterKind.kIter_J not in kinds or IterKind.kIter_K not in kinds:
+    return traits
+
+
+def gemm_index_maps(block: s_tir.SBlock) -> GemmMaps | None:
+    """Index maps normalising `block` to C[S,I,J] += A[S,I,K] * B[S,J,K], or None.
+
+    Like dlight's `get_index_map`, with two extensions: an absent I axis is allowed (M = 1: a
+    row vector times a matrix keeps the columns in the vector lanes), and when J is absent
+    but I is not (N = 1: a matrix times a column vector) the operands swap roles (C^T =
+    B^T A^T), so the matrix rows go to the lanes. K must exist; extent-1 axes are dropped."""
+    if len(block.reads) != 2 or len(block.writes) != 1:
+        return None
+    used = _access_vars([block.reads[0], block.reads[1], block.writes[0]])
+    if used is None:
+        return None
+    S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
+    for a_read in (0, 1):
+        a_vars, b_vars, c_vars = used[a_read], used[1 - a_read], used[2]
+        traits = _classify(block, a_vars, b_vars, c_vars)
+        if traits is not None and {J, K} <= {t.kind for t in traits.values()}:
+            break
+    else:
         return None
 
     def of(vars_):
         return [traits[iv.var] for iv in block.iter_vars if iv.var in vars_]
 
-    S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
-    return (
-        make_iter_fusion_index_map([traits[iv.var] for iv in block.iter_vars], [S, I, J, K]),
-        make_iter_fusion_index_map(of(a_vars), [S, I, K]),
-        make_iter_fusion_index_map(of(b_vars), [S, J, K]),
-        make_iter_fusion_index_map(of(c_vars), [S, I, J]),
+    return GemmMaps(
+        block=make_iter_fusion_index_map([traits[iv.var] for iv in block.iter_vars],
+                                         [S, I, J, K]),
+        a=make_iter_fusion_index_map(of(a_vars), [S, I, K]),
+        b=make_iter_fusion_index_map(of(b_vars), [S, J, K]),
+        c=make_iter_fusion_index_map(of(c_vars), [S, I, J]),
+        a_read=a_read,
     )
 
 
@@ -443,17 +469,19 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
         return None
     _inline_producers(sch, main)
     stmt = sch.get(main)
-    if gemm_index_maps(stmt) is None:
+    maps = gemm_index_maps(stmt)
+    if maps is None:
         return None
     if any(_static(iv.dom.extent) is None for iv in stmt.iter_vars):
         return None
     dtype = str(stmt.writes[0].source.dtype)
     if not dtype.startswith("float"):
         return None
-    reindex_a = sch.reindex(main, ("read", 0))
-    reindex_b = sch.reindex(main, ("read", 1))
+    reindex_a = sch.reindex(main, ("read", maps.a_read))
+    reindex_b = sch.reindex(main, ("read", 1 - maps.a_read))
     reindex_c = sch.reindex(main, ("write", 0))
-    block_map, a_map, b_map, c_map = gemm_index_maps(sch.get(main))
+    maps = gemm_index_maps(sch.get(main))
+    block_map, a_map, b_map, c_map = maps.block, maps.a, maps.b, maps.c
     sch.transform_layout(reindex_a, ("write", 0), a_map)
     sch.transform_layout(reindex_b, ("write", 0), b_map)
     sch.transform_layout(reindex_c, ("read", 0), c_map)
@@ -462,7 +490,7 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
     sch.transform_block_layout(reindex_a, a_map)
     sch.transform_block_layout(reindex_b, b_map)
     batch, m, n, k = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
-    return sch, main, GemmShape(batch, m, n, k, dtype)
+    return sch, main, GemmShape(batch, m, n, k, dtype, maps.a_read)
 
 
 def plan(shape: GemmShape, target: Target) -> Tiling:
@@ -488,7 +516,7 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     pad_m, pad_n = -shape.m % mr, -shape.n % nr
     if pad_m or pad_n:
         sch.pad_einsum(main, [1, mr if pad_m else 1, nr if pad_n else 1, 1])
-    a_block, b_block = _operand_blocks(sch, main, a_padded=pad_m > 0)
+    a_block, b_block = _operand_blocks(sch, main, pad_m > 0, shape.a_read)
 
     # Step 3: B into panels [S, J/nr, K, nr].
     sch.transform_layout(b_block, ("write", 0), lambda s, j, k: (s, j // nr, k, j % nr))
@@ -521,13 +549,13 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     return sch
 
 
-def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_padded: bool
-                    ) -> tuple[s_tir.schedule.SBlockRV | None, s_tir.schedule.SBlockRV]:
+def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_padded: bool,
+                    a_read: int) -> tuple[s_tir.schedule.SBlockRV | None, s_tir.schedule.SBlockRV]:
     """After normalisation (and padding), the blocks that produce the reduction's A and B.
     A's reindex copy is inlined when A needs no padding (the kernel reads A directly); B's
     reindex is folded into its pad block, so one block (the pack) reads the original B."""
     stmt = sch.get(main)
-    a_buf, b_buf = stmt.reads[0].source, stmt.reads[1].source
+    a_buf, b_buf = stmt.reads[a_read].source, stmt.reads[1 - a_read].source
     producers = {sch.get(p).writes[0].source.name: p for p in sch.get_producers(main)}
     a_block, b_block = producers[a_buf.name], producers[b_buf.name]
     for block in (a_block, b_block):  # pad block <- reindex block: fold the reindex in
