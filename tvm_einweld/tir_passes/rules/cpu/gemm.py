@@ -238,6 +238,7 @@ class GemmShape:
     k: int
     dtype: str
     a_read: int = 0  # which of the reduction block's reads is A (1: operands swapped, N = 1)
+    a_gather: bool = False  # A's elements come from composite indices (an implicit im2col)
 
 
 def _static(extent) -> int | None:
@@ -477,6 +478,11 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
     dtype = str(stmt.writes[0].source.dtype)
     if not dtype.startswith("float"):
         return None
+    # A read through composite indices (a convolution's x + kx, or a K fused from several
+    # axes) would cost div/mod per broadcast inside the micro-kernel: copy it once instead.
+    a_region = stmt.reads[maps.a_read].region
+    a_gather = any(not isinstance(r.min, tirx.Var) and _static(r.min) is None
+                   for r in a_region)
     reindex_a = sch.reindex(main, ("read", maps.a_read))
     reindex_b = sch.reindex(main, ("read", 1 - maps.a_read))
     reindex_c = sch.reindex(main, ("write", 0))
@@ -490,7 +496,7 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
     sch.transform_block_layout(reindex_a, a_map)
     sch.transform_block_layout(reindex_b, b_map)
     batch, m, n, k = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
-    return sch, main, GemmShape(batch, m, n, k, dtype, maps.a_read)
+    return sch, main, GemmShape(batch, m, n, k, dtype, maps.a_read, a_gather)
 
 
 def plan(shape: GemmShape, target: Target) -> Tiling:
@@ -516,7 +522,7 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     pad_m, pad_n = -shape.m % mr, -shape.n % nr
     if pad_m or pad_n:
         sch.pad_einsum(main, [1, mr if pad_m else 1, nr if pad_n else 1, 1])
-    a_block, b_block = _operand_blocks(sch, main, pad_m > 0, shape.a_read)
+    a_block, b_block = _operand_blocks(sch, main, pad_m > 0 or shape.a_gather, shape.a_read)
 
     # Step 3: B into panels [S, J/nr, K, nr].
     sch.transform_layout(b_block, ("write", 0), lambda s, j, k: (s, j // nr, k, j % nr))
@@ -549,10 +555,11 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     return sch
 
 
-def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_padded: bool,
+def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_copied: bool,
                     a_read: int) -> tuple[s_tir.schedule.SBlockRV | None, s_tir.schedule.SBlockRV]:
     """After normalisation (and padding), the blocks that produce the reduction's A and B.
-    A's reindex copy is inlined when A needs no padding (the kernel reads A directly); B's
+    A's reindex copy is inlined unless A is padded or gathered (`a_copied`), so the kernel
+    reads A directly; B's
     reindex is folded into its pad block, so one block (the pack) reads the original B."""
     stmt = sch.get(main)
     a_buf, b_buf = stmt.reads[a_read].source, stmt.reads[1 - a_read].source
@@ -560,7 +567,7 @@ def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_padded
     a_block, b_block = producers[a_buf.name], producers[b_buf.name]
     for block in (a_block, b_block):  # pad block <- reindex block: fold the reindex in
         _inline_producers(sch, block)
-    if not a_padded:
+    if not a_copied:
         sch.compute_inline(a_block)
         a_block = None
     return a_block, b_block
