@@ -59,7 +59,8 @@ def numpy_conv2d(x, w, stride=1, pad=0, dilation=1, groups=1):
 
 
 CASES = {
-    "1x1": ((1, 16, 9, 9), (24, 16, 1, 1), dict(padding=0)),
+    "1x1": ((1, 16, 9, 9), (24, 16, 1, 1), dict(padding=0)),         # GEMM rule, A direct
+    "1x1_stride2": ((1, 8, 9, 9), (12, 8, 1, 1), dict(strides=2)),    # GEMM rule, A copied
     "3x3": ((2, 8, 11, 13), (12, 8, 3, 3), dict(padding=1)),
     "3x3_stride2": ((1, 8, 15, 15), (16, 8, 3, 3), dict(strides=2, padding=1)),
     "7x7_stride2": ((1, 3, 23, 23), (8, 3, 7, 7), dict(strides=2, padding=3)),
