@@ -64,6 +64,8 @@ CASES = {
     "3x3": ((2, 8, 11, 13), (12, 8, 3, 3), dict(padding=1)),
     "3x3_stride2": ((1, 8, 15, 15), (16, 8, 3, 3), dict(strides=2, padding=1)),
     "7x7_stride2": ((1, 3, 23, 23), (8, 3, 7, 7), dict(strides=2, padding=3)),
+    "3x3_stride2_nopad_oddwidth": ((1, 4, 9, 11), (6, 4, 3, 3), dict(strides=2, padding=0)),
+    "stride3_dilated": ((1, 4, 17, 19), (5, 4, 3, 3), dict(strides=3, padding=2, dilation=2)),
     "dilated": ((1, 4, 12, 12), (6, 4, 3, 3), dict(padding=2, dilation=2)),
     "groups": ((1, 8, 10, 10), (16, 4, 3, 3), dict(padding=1, groups=2)),
     "depthwise": ((1, 8, 10, 10), (8, 1, 3, 3), dict(padding=1, groups=8)),
