@@ -66,6 +66,7 @@ CASES = {
     "7x7_stride2": ((1, 3, 23, 23), (8, 3, 7, 7), dict(strides=2, padding=3)),
     "3x3_stride2_nopad_oddwidth": ((1, 4, 9, 11), (6, 4, 3, 3), dict(strides=2, padding=0)),
     "stride3_dilated": ((1, 4, 17, 19), (5, 4, 3, 3), dict(strides=3, padding=2, dilation=2)),
+    "7x7_map_channels_in_lanes": ((1, 8, 7, 7), (48, 8, 3, 3), dict(padding=1)),
     "dilated": ((1, 4, 12, 12), (6, 4, 3, 3), dict(padding=2, dilation=2)),
     "groups": ((1, 8, 10, 10), (16, 4, 3, 3), dict(padding=1, groups=2)),
     "depthwise": ((1, 8, 10, 10), (8, 1, 3, 3), dict(padding=1, groups=8)),
@@ -123,8 +124,11 @@ def test_register_block_is_exact_and_fits():
     blk = conv.choose_conv_block(isa, shape)
     assert 64 % blk.mr == 0 and 56 % blk.yb == 0 and 56 % blk.xb == 0
     assert blk.mr * blk.vectors + blk.vectors + 1 <= isa.registers
+    assert not blk.channels_in_lanes  # 14 of 16 lanes filled along the rows
     depthwise = conv.choose_conv_block(isa, conv.ConvShape(1, 32, 7, 7, "float32", (1,)))
-    assert depthwise.mr == 1
+    assert depthwise.mr == 1 and not depthwise.channels_in_lanes
+    small_map = conv.choose_conv_block(isa, conv.ConvShape(1, 512, 7, 7, "float32", (16, 32)))
+    assert small_map.channels_in_lanes and small_map.mr % 16 == 0
 
 
 def test_planted_fault_wrong_weights_layout_is_caught():
