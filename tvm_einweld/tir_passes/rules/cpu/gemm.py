@@ -323,26 +323,48 @@ def _classify(block: s_tir.SBlock, a_vars: set, b_vars: set, c_vars: set) -> dic
     return traits
 
 
-def gemm_index_maps(block: s_tir.SBlock) -> GemmMaps | None:
+def _innermost_kind(region, traits: dict) -> IterKind | None:
+    """The kind of the block variable indexing the last non-constant dimension of `region`."""
+    for rng in reversed(list(region.region)):
+        found = [v for v in _used_vars(rng.min) if v in traits
+                 and traits[v].kind != IterKind.kIter_T]
+        if found:
+            return traits[found[0]].kind if len(found) == 1 else None
+    return None
+
+
+def _used_vars(expr) -> set:
+    return set(tirx.analysis.undefined_vars(expr))
+
+
+def gemm_index_maps(block: s_tir.SBlock, a_read: int | None = None) -> GemmMaps | None:
     """Index maps normalising `block` to C[S,I,J] += A[S,I,K] * B[S,J,K], or None.
 
-    Like dlight's `get_index_map`, with two extensions: an absent I axis is allowed (M = 1: a
-    row vector times a matrix keeps the columns in the vector lanes), and when J is absent
-    but I is not (N = 1: a matrix times a column vector) the operands swap roles (C^T =
-    B^T A^T), so the matrix rows go to the lanes. K must exist; extent-1 axes are dropped."""
+    Like dlight's `get_index_map`, with extensions: an absent I axis is allowed (M = 1: a row
+    vector times a matrix keeps the columns in the vector lanes); the operands may swap roles
+    (C^T = B^T A^T), which is the only form when J is absent (N = 1: a matrix times a column
+    vector) and the preferred one when it makes A contiguous along K. K must exist;
+    extent-1 axes are dropped. `a_read` forces the orientation (the block after reindexing
+    keeps the one chosen on the original accesses)."""
     if len(block.reads) != 2 or len(block.writes) != 1:
         return None
     used = _access_vars([block.reads[0], block.reads[1], block.writes[0]])
     if used is None:
         return None
     S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
-    for a_read in (0, 1):
-        a_vars, b_vars, c_vars = used[a_read], used[1 - a_read], used[2]
-        traits = _classify(block, a_vars, b_vars, c_vars)
+    valid = []
+    for candidate in (0, 1) if a_read is None else (a_read,):
+        traits = _classify(block, used[candidate], used[1 - candidate], used[2])
         if traits is not None and {J, K} <= {t.kind for t in traits.values()}:
-            break
-    else:
+            valid.append((candidate, traits))
+    if not valid:
         return None
+    # A is broadcast element by element along k, B is packed: prefer the orientation whose A
+    # is contiguous along K (a pointwise convolution's weights rather than its NCHW input:
+    # measured 1.3-1.4x faster, packing of the input included).
+    a_read, traits = next((v for v in valid if _innermost_kind(block.reads[v[0]], v[1]) == K),
+                          valid[0])
+    a_vars, b_vars, c_vars = used[a_read], used[1 - a_read], used[2]
 
     def of(vars_):
         return [traits[iv.var] for iv in block.iter_vars if iv.var in vars_]
@@ -486,7 +508,7 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
     reindex_a = sch.reindex(main, ("read", maps.a_read))
     reindex_b = sch.reindex(main, ("read", 1 - maps.a_read))
     reindex_c = sch.reindex(main, ("write", 0))
-    maps = gemm_index_maps(sch.get(main))
+    maps = gemm_index_maps(sch.get(main), maps.a_read)
     block_map, a_map, b_map, c_map = maps.block, maps.a, maps.b, maps.c
     sch.transform_layout(reindex_a, ("write", 0), a_map)
     sch.transform_layout(reindex_b, ("write", 0), b_map)
