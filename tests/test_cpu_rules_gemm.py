@@ -51,7 +51,7 @@ def run_func(func, *arrays, out_shape, dtype):
     (1, 37, 53, "float32", True),      # M = 1 (dense GEMV), transposed weight
     (45, 1, 70, "float32", False),     # N = 1 (matrix times column vector): operands swap
     (31, 17, 19, "float64", False),    # fp64: 8 lanes
-    (64, 48, 640, "float32", True),    # K split by kc, exact tiles
+    (64, 48, 640, "float32", True),    # exact tiles
 ])
 def test_matmul_primfunc(m, n, k, dtype, transposed):
     func = te_matmul(m, n, k, dtype, transposed)
@@ -60,6 +60,16 @@ def test_matmul_primfunc(m, n, k, dtype, transposed):
     a, b = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype) if transposed else rand(k, n, dtype=dtype)
     got = run_func(sch.mod["main"], a, b, out_shape=(m, n), dtype=dtype)
     np.testing.assert_allclose(got, a @ (b.T if transposed else b), **tol(dtype))
+
+
+def test_split_k_schedule():
+    """The K-blocked variant (panels larger than half of L2), forced through `tiling`."""
+    func = te_matmul(40, 64, 96)
+    tiling = gemm.Tiling(gemm.RegisterBlock(4, 2, 16), mc=20, kc=32)
+    sch = gemm.schedule_gemm(func, TARGET, tiling)
+    a, b = rand(40, 96), rand(96, 64)
+    got = run_func(sch.mod["main"], a, b, out_shape=(40, 64), dtype="float32")
+    np.testing.assert_allclose(got, a @ b, **tol("float32"))
 
 
 def test_generic_x86_target():
@@ -207,10 +217,14 @@ def test_register_block_fits_and_hides_latency():
 def test_tiles_respect_caches_and_divide_k():
     caches = gemm.CacheSizes(l1=32 * 1024, l2=1024 * 1024)
     blk = gemm.RegisterBlock(8, 2, 16)
-    t = gemm.choose_tiles(blk, caches, "float32", 1, 1024, 1024, 3072, cores=2)
-    assert 3072 % t.kc == 0 and t.kc * blk.nr * 4 <= caches.l1
-    assert t.mc % blk.mr == 0 and t.mc * t.kc * 4 <= caches.l2
-    assert gemm.choose_tiles(blk, caches, "float32", 1, 8, 64, 4099, 2).kc == 4099  # prime K
+    whole = gemm.choose_tiles(blk, caches, "float32", 1, 1024, 1024, 3072, cores=2)
+    assert whole.kc == 3072  # a 3072 x 32 panel (384 KiB) fits in half of L2: K not split
+    assert whole.mc % blk.mr == 0 and whole.mc * whole.kc * 4 <= caches.l2 // 2
+    split = gemm.choose_tiles(blk, caches, "float32", 1, 1024, 1024, 3 * 8192, cores=2)
+    assert (3 * 8192) % split.kc == 0 and split.kc * blk.nr * 4 <= caches.l1 // 2
+    assert split.mc * blk.nr * 4 <= caches.l1 // 2
+    prime = gemm.choose_tiles(blk, caches, "float32", 1, 64, 64, 16411, cores=2)
+    assert prime.kc == 16411  # no divisor: not split rather than a predicated remainder
 
 
 def test_scheduling_is_fast():
