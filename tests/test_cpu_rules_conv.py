@@ -1,0 +1,159 @@
+"""The analytic NCHW convolution rule (tir_passes/rules/cpu/conv.py): every conv kind of the
+zoo (1x1, 3x3, 7x7, stride 2, dilation, groups, depthwise, transposed) with fused epilogues,
+weights packed at compile time, against numpy and against stock (unscheduled) TVM."""
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from tvm_einweld.tir_passes.device import host_target
+from tvm_einweld.tir_passes.rules.cpu import conv
+from tvm_einweld.tir_passes.rules.cpu.apply import cpu_gemm_pipeline, prepack_weights
+from tvm_einweld.tir_passes.rules.cpu.isa import VectorISA
+
+TARGET = host_target()
+RNG = np.random.default_rng(11)
+
+
+def conv_module(x_shape, w, bias=None, relu=False, residual=False, transpose=False, **attrs):
+    bb = relax.BlockBuilder()
+    dtype = str(w.dtype)
+    x = relax.Var("x", relax.TensorType(x_shape, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            op = relax.op.nn.conv2d_transpose if transpose else relax.op.nn.conv2d
+            y = bb.emit(op(x, relax.const(w, dtype), **attrs))
+            if bias is not None:
+                y = bb.emit(relax.op.add(y, relax.const(bias.reshape(1, -1, 1, 1), dtype)))
+            if relu:
+                y = bb.emit(relax.op.nn.relu(y))
+            if residual:
+                y = bb.emit(relax.op.add(y, y))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def run(mod, x, pipeline):
+    ex = tvm.compile(mod, TARGET, relax_pipeline=pipeline)
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def numpy_conv2d(x, w, stride=1, pad=0, dilation=1, groups=1):
+    n, c, h, wd = x.shape
+    f, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (h + 2 * pad - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd + 2 * pad - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, f, oh, ow), x.dtype)
+    fg = f // groups
+    for g in range(groups):
+        xs = xp[:, g * cg:(g + 1) * cg]
+        for i in range(kh):
+            for j in range(kw):
+                win = xs[:, :, i * dilation: i * dilation + stride * oh: stride,
+                         j * dilation: j * dilation + stride * ow: stride]
+                out[:, g * fg:(g + 1) * fg] += np.einsum("nchw,fc->nfhw", win,
+                                                         w[g * fg:(g + 1) * fg, :, i, j])
+    return out
+
+
+CASES = {
+    "1x1": ((1, 16, 9, 9), (24, 16, 1, 1), dict(padding=0)),         # GEMM rule, A direct
+    "1x1_stride2": ((1, 8, 9, 9), (12, 8, 1, 1), dict(strides=2)),    # GEMM rule, A copied
+    "3x3": ((2, 8, 11, 13), (12, 8, 3, 3), dict(padding=1)),
+    "3x3_stride2": ((1, 8, 15, 15), (16, 8, 3, 3), dict(strides=2, padding=1)),
+    "7x7_stride2": ((1, 3, 23, 23), (8, 3, 7, 7), dict(strides=2, padding=3)),
+    "3x3_stride2_nopad_oddwidth": ((1, 4, 9, 11), (6, 4, 3, 3), dict(strides=2, padding=0)),
+    "stride3_dilated": ((1, 4, 17, 19), (5, 4, 3, 3), dict(strides=3, padding=2, dilation=2)),
+    "7x7_map_channels_in_lanes": ((1, 8, 7, 7), (48, 8, 3, 3), dict(padding=1)),
+    "dilated": ((1, 4, 12, 12), (6, 4, 3, 3), dict(padding=2, dilation=2)),
+    "groups": ((1, 8, 10, 10), (16, 4, 3, 3), dict(padding=1, groups=2)),
+    "depthwise": ((1, 8, 10, 10), (8, 1, 3, 3), dict(padding=1, groups=8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conv2d_against_numpy(name):
+    x_shape, w_shape, attrs = CASES[name]
+    x, w, b = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape), RNG.standard_normal(
+        w_shape[0])
+    x, w, b = x.astype("float32"), w.astype("float32"), b.astype("float32")
+    mod = conv_module(x_shape, w, bias=b, relu=True, **attrs)
+    got = run(mod, x, cpu_gemm_pipeline(TARGET))
+    ref = numpy_conv2d(x, w, attrs.get("strides", 1), attrs.get("padding", 0),
+                       attrs.get("dilation", 1), attrs.get("groups", 1))
+    ref = np.maximum(ref + b.reshape(1, -1, 1, 1), 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_all_convs_are_scheduled_and_weights_prepacked():
+    for x_shape, w_shape, attrs in CASES.values():
+        w = RNG.standard_normal(w_shape).astype("float32")
+        with TARGET:
+            from tvm.relax.backend.cpu_generic import pipeline as cpu
+            low = tvm.transform.Sequential(cpu.legalize_passes(TARGET)
+                                           + [prepack_weights(TARGET)])(conv_module(x_shape, w,
+                                                                                    **attrs))
+        funcs = {g.name_hint: f for g, f in low.functions_items() if isinstance(f, tirx.PrimFunc)}
+        assert funcs and all("tirx.is_scheduled" in f.attrs for f in funcs.values()), attrs
+        assert "weight_prepack" not in str(low["main"]), attrs  # folded at compile time
+
+
+@pytest.mark.parametrize("stride,pad,groups", [(2, 1, 1), (1, 0, 1), (2, 1, 2)])
+def test_conv2d_transpose_against_stock_tvm(stride, pad, groups):
+    x = RNG.standard_normal((1, 8, 6, 6)).astype("float32")
+    w = RNG.standard_normal((8, 4, 3, 3)).astype("float32")
+    mod = conv_module(x.shape, w, residual=True, transpose=True, strides=stride, padding=pad,
+                      groups=groups)
+    got = run(mod, x, cpu_gemm_pipeline(TARGET))
+    ref = run(mod, x, "default")
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_float64_batch():
+    x = RNG.standard_normal((3, 5, 7, 9))
+    w = RNG.standard_normal((6, 5, 3, 3))
+    got = run(conv_module(x.shape, w, padding=1), x, cpu_gemm_pipeline(TARGET))
+    np.testing.assert_allclose(got, numpy_conv2d(x, w, pad=1), rtol=1e-10, atol=1e-10)
+
+
+def test_register_block_is_exact_and_fits():
+    isa = VectorISA(512, 32, True)
+    shape = conv.ConvShape(1, 64, 56, 56, "float32", rows_share_data=(1, 2, 4, 8, 16, 32, 64))
+    blk = conv.choose_conv_block(isa, shape)
+    assert 64 % blk.mr == 0 and 56 % blk.yb == 0 and 56 % blk.xb == 0
+    assert blk.mr * blk.vectors + blk.vectors + 1 <= isa.registers
+    assert not blk.channels_in_lanes  # 14 of 16 lanes filled along the rows
+    depthwise = conv.choose_conv_block(isa, conv.ConvShape(1, 32, 7, 7, "float32", (1,)))
+    assert depthwise.mr == 1 and not depthwise.channels_in_lanes
+    small_map = conv.choose_conv_block(isa, conv.ConvShape(1, 512, 7, 7, "float32", (16, 32)))
+    assert small_map.channels_in_lanes and small_map.mr % 16 == 0
+
+
+def test_planted_fault_wrong_weights_layout_is_caught():
+    """Compile the scheduled kernel alone and feed it weights packed for a different block:
+    the numeric check rejects it."""
+    x_shape, w_shape, attrs = CASES["3x3"]
+    x = RNG.standard_normal(x_shape).astype("float32")
+    w = RNG.standard_normal(w_shape).astype("float32")
+    with TARGET:
+        from tvm.relax.backend.cpu_generic import pipeline as cpu
+        low = tvm.transform.Sequential(cpu.legalize_passes(TARGET) + [prepack_weights(TARGET)])(
+            conv_module(x_shape, w, **attrs))
+    (func,) = [f for g, f in low.functions_items() if g.name_hint.endswith("prepacked")]
+    assert len(func.params[1].shape) == 5  # [F/mr, C, KH, KW, mr]: the Conv2D rule's pack
+    mr = int(func.params[1].shape[-1])
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), TARGET)
+    ref = numpy_conv2d(x, w, pad=1)
+
+    def matches(packed):
+        out = tvm.runtime.tensor(np.zeros(ref.shape, "float32"))
+        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(packed), out)
+        return np.allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+    f = w.shape[0]
+    good = w.reshape(f // mr, mr, *w.shape[1:]).transpose(0, 2, 3, 4, 1).copy()
+    assert matches(good)
+    assert not matches(good[..., ::-1].copy())           # channels reversed within a block
+    assert not matches(np.roll(good, 1, axis=2).copy())  # kernel rows shifted

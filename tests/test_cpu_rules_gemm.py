@@ -1,0 +1,325 @@
+"""The analytic GEMM-class CPU rule (tir_passes/rules/cpu/gemm.py): numerics against numpy on
+odd shapes, epilogues, batch broadcasting, fp64, the compile-time weight-packing path through a
+Relax module on the VM, sizing invariants, and planted faults the numeric check must catch."""
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, tirx
+
+from tvm_einweld.tir_passes.device import host_target
+from tvm_einweld.tir_passes.rules.cpu import gemm
+from tvm_einweld.tir_passes.rules.cpu.apply import (
+    ApplyCPURules, ScheduleGEMM, cpu_gemm_pipeline, prepack_weights,
+)
+from tvm_einweld.tir_passes.rules.cpu.isa import VectorISA
+
+TARGET = host_target()
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape, dtype="float32"):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------ PrimFunc-level numerics
+def te_matmul(m, n, k, dtype="float32", transposed_b=False):
+    a = te.placeholder((m, k), dtype, name="A")
+    b = te.placeholder((n, k) if transposed_b else (k, n), dtype, name="B")
+    r = te.reduce_axis((0, k), "k")
+    if transposed_b:
+        c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[j, r], axis=r), name="C")
+    else:
+        c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
+
+
+def run_func(func, *arrays, out_shape, dtype):
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET)
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    out = tvm.runtime.tensor(np.zeros(out_shape, dtype))
+    lib["main"](*args, out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("m,n,k,dtype,transposed", [
+    (97, 89, 101, "float32", False),   # primes everywhere: pad I and J, K not split
+    (5, 7, 3, "float32", False),       # K (and N) smaller than the vector lanes
+    (1, 37, 53, "float32", True),      # M = 1 (dense GEMV), transposed weight
+    (45, 1, 70, "float32", False),     # N = 1 (matrix times column vector): operands swap
+    (31, 17, 19, "float64", False),    # fp64: 8 lanes
+    (64, 48, 640, "float32", True),    # exact tiles
+])
+def test_matmul_primfunc(m, n, k, dtype, transposed):
+    func = te_matmul(m, n, k, dtype, transposed)
+    sch = gemm.GEMM().apply(func, TARGET, False)
+    assert sch is not None
+    a, b = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype) if transposed else rand(k, n, dtype=dtype)
+    got = run_func(sch.mod["main"], a, b, out_shape=(m, n), dtype=dtype)
+    np.testing.assert_allclose(got, a @ (b.T if transposed else b), **tol(dtype))
+
+
+def test_split_k_schedule():
+    """The K-blocked variant (panels larger than half of L2), forced through `tiling`."""
+    func = te_matmul(40, 64, 96)
+    tiling = gemm.Tiling(gemm.RegisterBlock(4, 2, 16), mc=20, kc=32)
+    sch = gemm.schedule_gemm(func, TARGET, tiling)
+    a, b = rand(40, 96), rand(96, 64)
+    got = run_func(sch.mod["main"], a, b, out_shape=(40, 64), dtype="float32")
+    np.testing.assert_allclose(got, a @ b, **tol("float32"))
+
+
+def test_generic_x86_target():
+    """Plain "llvm" (128-bit vectors, 16 registers) gets a smaller block and stays correct."""
+    target = tvm.target.Target("llvm")
+    func = te_matmul(23, 29, 31)
+    tiling = gemm.plan(gemm.analyse(func)[2], target)
+    assert tiling.block.lanes == 4
+    sch = gemm.GEMM().apply(func, target, False)
+    lib = tvm.compile(sch.mod, target=target)
+    a, b = rand(23, 31), rand(31, 29)
+    out = tvm.runtime.tensor(np.zeros((23, 29), "float32"))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    np.testing.assert_allclose(out.numpy(), a @ b, **tol("float32"))
+
+
+def test_not_a_gemm_returns_none():
+    a = te.placeholder((8, 9), name="A")
+    r = te.reduce_axis((0, 9), "k")
+    row_sum = te.compute((8,), lambda i: te.sum(a[i, r], axis=r), name="S")
+    assert gemm.GEMM().apply(te.create_prim_func([a, row_sum]), TARGET, False) is None
+    assert gemm.GEMM().apply(te_matmul(1, 1, 70), TARGET, False) is None  # a dot product
+    elementwise = te.compute((8, 9), lambda i, j: a[i, j] * 2.0, name="E")
+    assert gemm.GEMM().apply(te.create_prim_func([a, elementwise]), TARGET, False) is None
+
+
+# ---------------------------------------------------------------------- Relax-level numerics
+def build(params, body):
+    """A Relax module main(params) -> body(bb, *vars)."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, dtype)) for name, shape, dtype in params]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *args))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def compile_and_run(mod, *inputs, prepack=True):
+    ex = tvm.compile(mod, TARGET, relax_pipeline=cpu_gemm_pipeline(TARGET, prepack=prepack))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
+    return out.numpy() if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
+def lowered(mod):
+    """The module after legalisation, fusion and our scheduling + weight packing."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+    with TARGET:
+        return tvm.transform.Sequential(cpu.legalize_passes(TARGET) + [prepack_weights(TARGET)])(mod)
+
+
+def test_linear_bias_relu_residual_packed():
+    """linear (constant W, i.e. B transposed) + bias + relu + residual add, all in one kernel;
+    W is packed at compile time: the kernel receives a 4-D panel constant and no packing
+    function is called at inference."""
+    x, res = rand(2, 7, 13), rand(2, 7, 11)
+    w, bias = rand(11, 13), rand(11)
+
+    def body(bb, xv, rv):
+        y = bb.emit(relax.op.linear(xv, relax.const(w), relax.const(bias)))
+        y = bb.emit(relax.op.nn.relu(y))
+        return bb.emit(relax.op.add(y, rv))
+
+    mod = build([("x", (2, 7, 13), "float32"), ("r", (2, 7, 11), "float32")], body)
+    got = compile_and_run(mod, x, res)
+    np.testing.assert_allclose(got, np.maximum(x @ w.T + bias, 0) + res, **tol("float32"))
+
+    low = lowered(mod)
+    kernels = [f for _, f in low.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert kernels
+    assert all("tirx.is_scheduled" in f.attrs for f in kernels)
+    calls = [c for c in str(low["main"]).split("R.call_tir(")[1:]]
+    assert calls and not any("weight_prepack" in c for c in calls)
+    packed = [c for c in low["main"].body.blocks[0].bindings
+              if isinstance(c.value, relax.Call) for a in c.value.args[1].fields
+              if isinstance(a, tvm.ir.expr.Constant) and len(a.value.shape) == 4]
+    assert packed, "the weight should reach the kernel as [S, N/nr, K, nr] panels"
+
+
+def test_matmul_clip_packed_prime_shapes():
+    x, w = rand(37, 41), rand(41, 43)
+
+    def body(bb, xv):
+        y = bb.emit(relax.op.matmul(xv, relax.const(w)))
+        return bb.emit(relax.op.clip(y, -0.5, 0.5))
+
+    got = compile_and_run(build([("x", (37, 41), "float32")], body), x)
+    np.testing.assert_allclose(got, np.clip(x @ w, -0.5, 0.5), **tol("float32"))
+
+
+def test_batch_broadcast_and_batch_matmul():
+    """A[2,1,7,13] @ B[3,13,5] (both batch axes broadcast) and a true batch matmul of two
+    activations (B packed at run time), fp64."""
+    a, b = rand(2, 1, 7, 13), rand(3, 13, 5)
+    mod = build([("a", (2, 1, 7, 13), "float32"), ("b", (3, 13, 5), "float32")],
+                lambda bb, av, bv: bb.emit(relax.op.matmul(av, bv)))
+    np.testing.assert_allclose(compile_and_run(mod, a, b), a @ b, **tol("float32"))
+
+    q, kt = rand(4, 9, 11, dtype="float64"), rand(4, 6, 11, dtype="float64")
+    mod = build([("q", (4, 9, 11), "float64"), ("k", (4, 6, 11), "float64")],
+                lambda bb, qv, kv: bb.emit(relax.op.matmul(
+                    qv, bb.emit(relax.op.permute_dims(kv, [0, 2, 1])))))
+    np.testing.assert_allclose(compile_and_run(mod, q, kt), q @ kt.transpose(0, 2, 1),
+                               **tol("float64"))
+
+
+def test_weight_parameter_lifted_to_transform_params():
+    """A weight given as a parameter (num_input=1) is packed by main_transform_params."""
+    x, w = rand(3, 20), rand(20, 17)
+    mod = build([("x", (3, 20), "float32"), ("w", (20, 17), "float32")],
+                lambda bb, xv, wv: bb.emit(relax.op.matmul(xv, wv)))
+    mod["main"] = mod["main"].with_attr("num_input", 1)
+    ex = tvm.compile(mod, TARGET, relax_pipeline=cpu_gemm_pipeline(TARGET))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    params = vm["main_transform_params"]([tvm.runtime.tensor(w)])
+    assert len(params[0].shape) == 4
+    got = vm["main"](tvm.runtime.tensor(x), *params).numpy()
+    np.testing.assert_allclose(got, x @ w, **tol("float32"))
+
+
+def test_module_pass_skips_scheduled_and_foreign_functions():
+    func = te_matmul(9, 10, 11)
+    a = te.placeholder((8,), name="A")
+    neg = te.create_prim_func([a, te.compute((8,), lambda i: -a[i], name="N")])
+    mod = tvm.IRModule({"mm": func, "neg": neg,
+                        "done": func.with_attr("tirx.is_scheduled", True)})
+    out = ScheduleGEMM(TARGET)(mod)
+    assert "tirx.is_scheduled" in out["mm"].attrs
+    assert out["neg"].same_as(mod["neg"]) and out["done"].same_as(mod["done"])
+    assert ApplyCPURules(TARGET, [])(mod)["mm"].same_as(mod["mm"])
+
+
+# -------------------------------------------------------------------------------- sizing
+def test_register_block_fits_and_hides_latency():
+    for isa in (VectorISA(512, 32, True), VectorISA(256, 16, True), VectorISA(128, 32, True)):
+        for m, n in ((1024, 1024), (1, 1000), (3, 5), (128, 64)):
+            blk = gemm.choose_register_block(isa, "float32", m, n)
+            assert blk.mr * blk.vectors + blk.vectors + 1 <= isa.registers
+            assert blk.mr <= m and blk.nr % isa.lanes("float32") == 0
+            if m >= 8 and n >= 2 * isa.lanes("float32"):
+                assert blk.mr * blk.vectors >= isa.fma_units * isa.fma_latency
+
+
+def test_tiles_respect_caches_and_divide_k():
+    caches = gemm.CacheSizes(l1=32 * 1024, l2=1024 * 1024)
+    blk = gemm.RegisterBlock(8, 2, 16)
+    whole = gemm.choose_tiles(blk, caches, "float32", 1, 1024, 1024, 3072, cores=2)
+    assert whole.kc == 3072  # a 3072 x 32 panel (384 KiB) fits in half of L2: K not split
+    assert whole.mc % blk.mr == 0 and whole.mc * whole.kc * 4 <= caches.l2 // 2
+    split = gemm.choose_tiles(blk, caches, "float32", 1, 1024, 1024, 3 * 8192, cores=2)
+    assert (3 * 8192) % split.kc == 0 and split.kc * blk.nr * 4 <= caches.l1 // 2
+    assert split.mc * blk.nr * 4 <= caches.l1 // 2
+    prime = gemm.choose_tiles(blk, caches, "float32", 1, 64, 64, 16411, cores=2)
+    assert prime.kc == 16411  # no divisor: not split rather than a predicated remainder
+
+
+def test_scheduling_is_fast():
+    import time
+    func = te_matmul(1024, 1024, 1024)
+    start = time.perf_counter()
+    assert gemm.GEMM().apply(func, TARGET, False) is not None
+    assert time.perf_counter() - start < 1.0
+
+
+# --------------------------------------------------------------------------- planted faults
+def pack_panels(b: np.ndarray, nr: int) -> np.ndarray:
+    """numpy reference of the kernel's B layout: [K, N] -> [1, ceil(N/nr), K, nr], zero-padded."""
+    k, n = b.shape
+    padded = np.zeros((k, -(-n // nr) * nr), b.dtype)
+    padded[:, :n] = b
+    return padded.reshape(k, -1, nr).transpose(1, 0, 2)[None].copy()
+
+
+def prepacked_kernel(m, n, k):
+    """The inference kernel of x[m,k] @ W[k,n] with W packed at compile time, and its nr."""
+    w = rand(k, n)
+    mod = build([("x", (m, k), "float32")],
+                lambda bb, xv: bb.emit(relax.op.matmul(xv, relax.const(w))))
+    low = lowered(mod)
+    (gvar, func), = [(g, f) for g, f in low.functions_items() if g.name_hint.endswith("prepacked")]
+    nr = int(func.params[1].shape[-1])
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), TARGET)
+    return lib, nr
+
+
+def kernel_matches(lib, x, packed_w, reference) -> bool:
+    out = tvm.runtime.tensor(np.zeros(reference.shape, "float32"))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(packed_w), out)
+    return np.allclose(out.numpy(), reference, rtol=1e-4, atol=1e-4)
+
+
+def test_planted_faults_in_the_pack_are_caught():
+    m, n, k = 13, 70, 29
+    lib, nr = prepacked_kernel(m, n, k)
+    x, w = rand(m, k), rand(k, n)
+    good = pack_panels(w, nr)
+    assert kernel_matches(lib, x, good, x @ w)
+    # Fault 1: a pack for a different register block (nr / 2 panels, re-padded to the shape).
+    half = pack_panels(w, nr // 2).reshape(-1, k, nr // 2)
+    wrong_nr = np.zeros_like(good)
+    wrong_nr[0, :, :, : nr // 2] = half[: good.shape[1]]
+    assert not kernel_matches(lib, x, wrong_nr, x @ w)
+    # Fault 2: the columns of each panel in the wrong (reversed) order.
+    assert not kernel_matches(lib, x, good[..., ::-1].copy(), x @ w)
+    # Fault 3: K and the lane axis swapped inside a panel (a transposed pack), when square.
+    lib_sq, nr_sq = prepacked_kernel(4, 16, 16)
+    x2, w2 = rand(4, 16), rand(16, 16)
+    ok = pack_panels(w2, nr_sq)
+    if ok.shape[2] == ok.shape[3]:
+        assert not kernel_matches(lib_sq, x2, ok.transpose(0, 1, 3, 2).copy(), x2 @ w2)
+
+
+def test_usable_with_dlight_apply_default_schedule():
+    from tvm.s_tir import dlight
+    mod = tvm.IRModule({"main": te_matmul(17, 40, 9)})
+    with TARGET:
+        out = dlight.ApplyDefaultSchedule(gemm.GEMM())(mod)
+    assert "tirx.is_scheduled" in out["main"].attrs
+    a, b = rand(17, 9), rand(9, 40)
+    got = run_func(out["main"], a, b, out_shape=(17, 40), dtype="float32")
+    np.testing.assert_allclose(got, a @ b, **tol("float32"))
+
+
+def test_gelu_epilogue_reads_the_product_twice():
+    """GELU reads matmul + bias twice (x * erf(x)): the consumer diamond must fold into the
+    write-back (it once left a dangling buffer; `well_formed` guards against that)."""
+    x, w, bias = rand(5, 24), rand(24, 40), rand(40)
+
+    def body(bb, xv):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(xv, relax.const(w))),
+                                 relax.const(bias)))
+        return bb.emit(relax.op.nn.gelu(y))
+
+    mod = build([("x", (5, 24), "float32")], body)
+    kernels = [f for _, f in lowered(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert all("tirx.is_scheduled" in f.attrs for f in kernels)
+    from math import erf
+    y = x @ w + bias
+    ref = y * 0.5 * (1 + np.vectorize(erf)(y / np.sqrt(2)))
+    np.testing.assert_allclose(compile_and_run(mod, x), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_matrix_vector_swaps_operands():
+    """N = 1 (a matrix times a column vector): the operands swap roles, the matrix rows go to
+    the vector lanes (the matrix is packed into panels), with a fused bias."""
+    x, w, bias = rand(301, 64), rand(64, 1), rand(1)
+    assert gemm.analyse(te_matmul(301, 1, 64))[2].a_read == 1
+    mod = build([("x", (301, 64), "float32")], lambda bb, xv: bb.emit(relax.op.add(
+        bb.emit(relax.op.matmul(xv, relax.const(w))), relax.const(bias))))
+    kernels = [f for _, f in lowered(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert all("tirx.is_scheduled" in f.attrs for f in kernels)
+    np.testing.assert_allclose(compile_and_run(mod, x), x @ w + bias, rtol=1e-4, atol=1e-4)

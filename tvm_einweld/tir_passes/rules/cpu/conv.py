@@ -1,0 +1,333 @@
+"""Analytic CPU schedule for NCHW convolutions as a direct GEMM-class kernel.
+
+What it matches
+---------------
+The functions LegalizeOps (+ FuseOps/FuseTIR) makes of `relax.op.nn.conv2d` (any stride,
+dilation, padding, groups, depthwise) and `conv2d_transpose` (a dilated, padded input and a
+flipped kernel feeding a stride-1 convolution), with spatial epilogues (bias, relu, clip,
+residual add). Precisely: one reduction block `out[n, f, y, x] += D[...] * W[...]` whose four
+spatial iterators index the output in that order and whose reduced iterators (channel and
+kernel window) are read by both operands; W is the operand indexed by `f` but not by `x`
+(the weights) and D the one indexed by `x` (the data). Everything else must be spatial.
+
+The schedule
+------------
+Output channels x output positions form the register block, the reduction (c, kh, kw) runs
+inside it, the same structure as the GEMM micro-kernel (A = weights, broadcast; B = data,
+vectors along the contiguous output row):
+
+1. Weight-side producers (the transposed convolution's flip) are inlined; `reindex` gives the
+   weights in the block's own order [f, c, kh, kw], and `transform_layout` packs them as
+   [F/mr, c, kh, kw, mr] (OIHWo), so the mr broadcasts of one reduction step are contiguous.
+   If the weights are compile-time constants (PrimFunc attr `layout_free_buffers`), the pack
+   block is annotated `meta_schedule.layout_rewrite_preproc` and `apply.prepack_weights`
+   moves it out of inference, as for GEMM.
+2. The data padding (and the transposed convolution's dilation) stay one materialised copy
+   (parallel over channels), so the micro-kernel reads plain memory without conditionals.
+   With a column stride s, that copy is stored in s column phases ([.., W] -> [.., s, W/s],
+   zero-padded): output column x, kernel column kx reads phase kx % s at x + kx // s, so a
+   row of outputs is a contiguous vector again (a stride-2 3x3 conv went 3x faster).
+3. Loops: (n, f/mr, y/yb, x/xb) fused and parallel; the reduction (c, kh, kw); then the
+   register block mr x yb x xb, unrolled except the vector lanes, which hold either the xb
+   output columns (xb divides the output width and is at most one vector or whole vectors)
+   or, on small feature maps whose rows would leave the lanes more than half empty, mr
+   output channels (the accumulator is then stored channels-innermost). A `local`
+   cache-write is the accumulator; the write-back carries the epilogue.
+
+Block sizes come from the GEMM model (`gemm.micro_cycles`, `gemm.fits_registers`): one code
+path sizes both kernel classes. mr divides F and yb, xb divide the output height / width, so
+every split is exact. For a depthwise (or any channel-per-group) convolution the data vector
+differs per output channel, so mr is 1 and the block grows along y and x instead.
+
+Correctness rests, as in gemm.py, on the schedule primitives (each checks its preconditions
+and preserves semantics); when one refuses the rule returns None. Not handled (None): NHWC
+and other layouts, non-static shapes, more or fewer than 4 output axes, and pointwise (1x1)
+convolutions, which have the einsum form and go to the GEMM rule.
+Known cost: a strided transposed convolution multiplies the zeros of its dilated input
+(stride^2 more FMAs than needed).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvm import ir, s_tir, tirx
+from tvm.sym import Analyzer
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from . import gemm
+from .isa import vector_isa
+
+# Register-block rows along the output height are unrolled code; beyond this the unrolled
+# body gets long without adding accumulators the register file could hold anyway.
+MAX_Y_BLOCK = 8
+
+
+@dataclass(frozen=True)
+class ConvBlock:
+    """The register block: `mr` output channels x `yb` output rows x `xb` output columns.
+
+    Two orientations: output columns in the vector lanes (`channels_in_lanes` False: mr
+    broadcast weights, yb * ceil(xb / lanes) data vectors), or output channels in the lanes
+    (True: mr = a multiple of the lanes, yb * xb broadcast inputs, mr / lanes weight vectors),
+    which keeps the lanes full when the output rows are short (7x7, 14x14 feature maps)."""
+
+    mr: int
+    yb: int
+    xb: int
+    lanes: int
+    channels_in_lanes: bool = False
+
+    @property
+    def vectors(self) -> int:
+        """Vector loads per reduction step (the B side of the GEMM micro-kernel)."""
+        if self.channels_in_lanes:
+            return self.mr // self.lanes
+        return self.yb * math.ceil(self.xb / self.lanes)
+
+    @property
+    def broadcasts(self) -> int:
+        """Broadcast values per reduction step (the A side, `mr` of the GEMM model)."""
+        return self.yb * self.xb if self.channels_in_lanes else self.mr
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    batch: int
+    channels: int      # F, output channels
+    height: int        # output height
+    width: int         # output width
+    dtype: str
+    rows_share_data: tuple[int, ...]  # the mr (divisors of F) whose rows read the same data
+
+
+def _divisors(value: int) -> list[int]:
+    return [d for d in range(1, value + 1) if value % d == 0]
+
+
+def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
+    """Minimise blocks x gemm.micro_cycles over exact (mr | F, yb | H, xb | W) blocks that fit
+    the register file, in each orientation; a block that wastes lanes (xb < lanes) pays for a
+    whole vector. Ties go to more accumulators. xb is at most one vector or a whole number of
+    vectors: LLVM turns a longer odd-width vector (<56 x float>) into scalar code (measured
+    10-20x slower). The orientation is then chosen by lane fill (see below)."""
+    lanes = isa.lanes(shape.dtype)
+    candidates = []
+    mrs = [d for d in shape.rows_share_data if d <= isa.registers]
+    for xb in _divisors(shape.width):
+        if xb > lanes and xb % lanes:
+            continue
+        xv = math.ceil(xb / lanes)
+        if xv >= isa.registers:
+            continue
+        # Without channel sharing (depthwise) extra rows add no reuse, only live vectors: two
+        # rows of seven vectors measured 5x slower than one on an AVX-512 core.
+        max_rows = MAX_Y_BLOCK if len(shape.rows_share_data) > 1 else 1
+        for yb in [d for d in _divisors(shape.height) if d <= max_rows]:
+            for mr in mrs:
+                candidates.append(ConvBlock(mr, yb, xb, lanes))
+    # Channels in the lanes: any exact row / column block, mr a multiple of the lanes whose
+    # channels all read the same input (not depthwise); two weight vectors at least when the
+    # channels allow it (one vector per step measured 2x slower in the GEMM kernel).
+    min_mr = 2 * lanes if shape.channels >= 2 * lanes else lanes
+    for mr in [d for d in shape.rows_share_data if d % lanes == 0 and d >= min_mr]:
+        for yb in [d for d in _divisors(shape.height) if d <= MAX_Y_BLOCK]:
+            for xb in _divisors(shape.width):
+                candidates.append(ConvBlock(mr, yb, xb, lanes, channels_in_lanes=True))
+    def best_of(blocks):
+        best = None
+        for blk in blocks:
+            if not gemm.fits_registers(isa, blk.broadcasts, blk.vectors):
+                continue
+            count = (shape.channels // blk.mr) * (shape.height // blk.yb) * (shape.width // blk.xb)
+            key = (count * gemm.micro_cycles(isa, blk.broadcasts, blk.vectors),
+                   -blk.broadcasts * blk.vectors)
+            if best is None or key < best[0]:
+                best = (key, blk)
+        return best
+
+    # Rows in the lanes unless they would leave more than half of each vector empty: with the
+    # lanes full either way, the row orientation measured faster (64 ch at 56x56: 120 vs
+    # 80 GFLOP/s; 256 ch at 14x14: 140 vs 90), the channel one wins on 7x7 maps (160 vs 57).
+    rows = best_of([b for b in candidates if not b.channels_in_lanes])
+    channels = best_of([b for b in candidates if b.channels_in_lanes])
+    row_fill = rows[1].xb / (math.ceil(rows[1].xb / lanes) * lanes) if rows else 0.0
+    best = channels if channels is not None and row_fill < 0.5 else rows
+    assert best is not None  # mr = yb = xb = 1 always fits
+    return best[1]
+
+
+def _vars(expr) -> set:
+    return set(tirx.analysis.undefined_vars(expr))
+
+
+class Conv2D(ScheduleRule):
+    """dlight-style rule for NCHW conv2d / conv2d_transpose: a Schedule or None."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool = False
+              ) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            return gemm.well_formed(schedule_conv(func, target))
+        except (RuntimeError, ValueError):
+            return None
+
+
+def _match(sch: s_tir.Schedule, block) -> tuple[int, int, ConvShape] | None:
+    """(data read index, weight read index, shape) if `block` is an NCHW convolution."""
+    stmt = sch.get(block)
+    ivs = list(stmt.iter_vars)
+    if len(stmt.reads) != 2 or len(stmt.writes) != 1 or len(ivs) < 5:
+        return None
+    spatial, reduce = ivs[:4], ivs[4:]
+    if any(iv.iter_type != tirx.IterVar.DataPar for iv in spatial) or any(
+            iv.iter_type != tirx.IterVar.CommReduce for iv in reduce):
+        return None
+    if any(gemm._static(iv.dom.extent) is None for iv in ivs):
+        return None
+    if sum(int(iv.dom.extent) > 1 for iv in reduce) <= 1:
+        # Pointwise (1x1) convolution: a plain GEMM over channels; the GEMM rule's panels
+        # measured 2x faster on 256 -> 64 channels at 56x56, so leave it to that rule.
+        return None
+    out = stmt.writes[0].region
+    if len(out) != 4 or any(gemm._static(r.extent) != 1 for r in out) or not all(
+            r.min.same_as(iv.var) for r, iv in zip(out, spatial)):
+        return None
+    f_var, x_var = spatial[1].var, spatial[3].var
+    roles = {}
+    for index, region in enumerate(stmt.reads):
+        used = set().union(*(_vars(r.min) for r in region.region))
+        if x_var in used:
+            roles["data"] = index
+        elif f_var in used:
+            roles["weight"] = index
+    if set(roles) != {"data", "weight"}:
+        return None
+    n, f, h, w = (int(iv.dom.extent) for iv in spatial)
+    dtype = str(stmt.writes[0].source.dtype)
+    if not dtype.startswith("float"):
+        return None
+    data_index = [r.min for r in stmt.reads[roles["data"]].region]
+    shared = tuple(mr for mr in _divisors(f) if _rows_share(data_index, f_var, f, mr))
+    return roles["data"], roles["weight"], ConvShape(n, f, h, w, dtype, shared)
+
+
+def _rows_share(indices, f_var, channels: int, mr: int) -> bool:
+    """Whether the data index is the same for the mr channels of a block: with f = q*mr + r
+    (0 <= r < mr), r must simplify away (grouped convolution: mr divides the group size;
+    depthwise: only mr = 1)."""
+    q = tirx.Var("q", f_var.ty)
+    r = tirx.Var("r", f_var.ty)
+    analyzer = Analyzer()
+    analyzer.bind(q, ir.Range(0, channels // mr))
+    analyzer.bind(r, ir.Range(0, mr))
+    analyzer.bind(f_var, q * mr + r)  # simplify() substitutes a variable bound to an expression
+    return all(r not in _vars(analyzer.simplify(i)) for i in indices)
+
+
+def _column_stride(index, x_var) -> int:
+    """The coefficient of the output column `x_var` in the data's last index (the stride):
+    the index at x = 1 minus the index at x = 0, every other variable at 0."""
+    values = []
+    for x in (0, 1):
+        analyzer = Analyzer()
+        for var in _vars(index):
+            analyzer.bind(var, tirx.const(x if var.same_as(x_var) else 0, str(var.ty.dtype)))
+        value = analyzer.simplify(index)
+        if not isinstance(value, tirx.IntImm):
+            return 1
+        values.append(int(value))
+    return max(1, values[1] - values[0])
+
+
+def _producers_of(sch, block, buffer) -> list:
+    return [p for p in sch.get_producers(block)
+            if any(w.source.same_as(buffer) for w in sch.get(p).writes)]
+
+
+def _inline_chain(sch, block, buffer) -> None:
+    """Inline every producer (recursively) of `buffer` read by `block`."""
+    for producer in _producers_of(sch, block, buffer):
+        gemm._inline_producers(sch, producer)
+        sch.compute_inline(producer)
+
+
+def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None = None
+                  ) -> s_tir.Schedule | None:
+    """Schedule an NCHW convolution (see the module docstring); None if `func` is not one.
+    `block` overrides the analytic register block (tests)."""
+    sch = s_tir.Schedule(func)
+    conv = gemm.find_gemm_block(sch)
+    if conv is None:
+        return None
+    found = _match(sch, conv)
+    if found is None:
+        return None
+    data_index, weight_index, shape = found
+    isa = vector_isa(target)
+    block = block or choose_conv_block(isa, shape)
+    mr = block.mr
+
+    # 1. Weights: inline the flip etc., reindex to [f, c, kh, kw], pack [F/mr, c, kh, kw, mr].
+    _inline_chain(sch, conv, sch.get(conv).reads[weight_index].source)
+    pack = sch.reindex(conv, ("read", weight_index))
+    n_axes = len(sch.get(pack).writes[0].region)  # f first (block order), then c, kh, kw
+    sch.transform_layout(pack, ("write", 0), tirx.IndexMap.from_func(
+        lambda *i: (i[0] // mr, *i[1:], i[0] % mr), ndim=n_axes))
+    if gemm._reads_only_layout_free(sch, pack, func):
+        sch.annotate(pack, gemm.LAYOUT_REWRITE_ATTR, True)
+    pack_loops = sch.get_loops(pack)
+    sch.parallel(pack_loops[0])
+
+    # 2. Data: producers of the padded input fold into one materialised copy. With a column
+    # stride s the copy is split into s column phases, [.., W/s, s] -> [.., s, W/s]
+    # (x*s + kx lands in phase kx % s at column x + kx // s), so the kernel's row of outputs
+    # reads contiguous vectors instead of a stride-s gather.
+    stmt = sch.get(conv)
+    data_buf = stmt.reads[data_index].source
+    stride = _column_stride(stmt.reads[data_index].region[-1].min,
+                            stmt.iter_vars[3].var)
+    producers = _producers_of(sch, conv, data_buf)
+    if stride > 1 and not producers:
+        producers = [sch.cache_read(conv, data_index, "global")]
+    for producer in producers:
+        gemm._inline_producers(sch, producer)
+        if stride > 1:
+            sch.transform_layout(producer, ("write", 0), tirx.IndexMap.from_func(
+                lambda *i: (*i[:-1], i[-1] % stride, i[-1] // stride),
+                ndim=len(sch.get(producer).writes[0].region)), pad_value=0.0)
+        loops = sch.get_loops(producer)
+        sch.parallel(sch.fuse(*loops[:2]))
+
+    # 3. Tiles and register block.
+    loops = sch.get_loops(conv)
+    n, f, y, x, reduction = loops[0], loops[1], loops[2], loops[3], loops[4:]
+    y_tile, y_reg = sch.split(y, [None, block.yb])
+    x_tile, x_reg = sch.split(x, [None, block.xb])
+    if block.channels_in_lanes:
+        f_tile, f_vec, f_lane = sch.split(f, [None, mr // block.lanes, block.lanes])
+        sch.reorder(n, f_tile, y_tile, x_tile, *reduction, y_reg, x_reg, f_vec, f_lane)
+        unrolled, lane = (y_reg, x_reg, f_vec), f_lane
+    else:
+        f_tile, f_reg = sch.split(f, [None, mr])
+        sch.reorder(n, f_tile, y_tile, x_tile, *reduction, f_reg, y_reg, x_reg)
+        unrolled, lane = (f_reg, y_reg), x_reg
+    accumulator = sch.cache_write(conv, 0, "local")
+    if block.channels_in_lanes:  # the accumulator keeps channels innermost, like its lanes
+        sch.transform_layout(conv, ("write", 0), lambda n_, f_, y_, x_: (n_, y_, x_, f_))
+    tile = sch.fuse(n, f_tile, y_tile, x_tile)
+    sch.reverse_compute_at(accumulator, tile, preserve_unit_loops=True)
+    gemm._inline_consumers(sch, accumulator)
+    sch.parallel(tile)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.vectorize(lane)
+    sch.vectorize(sch.get_loops(accumulator)[-1])  # the write-back runs along output rows
+    init = sch.decompose_reduction(conv, reduction[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    return sch

@@ -1,0 +1,636 @@
+"""Analytic CPU schedule for the GEMM class: matmul, dense/linear, batch matmul, + epilogues.
+
+What it matches
+---------------
+A PrimFunc (as Relax's LegalizeOps + FuseOps + FuseTIR produce it) with exactly one reduction
+block whose accesses have the einsum form `C[S, I, J] += A[S, I, K] * B[S, J, K]` after the
+iterators are classified (dlight's `detect_iter_traits`: S = batch axes read by A, B and C;
+I = axes of A and C; J = axes of B and C; K = reduced axes of A and B). Several axes of a kind
+are fused into one, so broadcast batches (an axis only A and C have) simply join I, and a
+transposed B (`linear`, `permute_dims` + matmul) is just a different access order of B.
+M = 1 keeps I empty; N = 1 (a matrix times a column vector) swaps the operands, C^T = B^T A^T,
+so the matrix rows fill the vector lanes. A dot product (M = N = 1) is not matched.
+All other blocks must be spatial: producers are inlined, consumers (bias add, relu, clip,
+residual add, ...) are inlined into the write-back of the output tile. Shapes must be static.
+
+The schedule (BLIS-like, one register block per micro-kernel)
+--------------------------------------------------------------
+1. Normalise: `reindex` A, B and C into buffers in [S, I, K] / [S, J, K] / [S, I, J] order and
+   `transform_block_layout` the reduction block to iterate (S, I, J, K) (as dlight's GPU matmul).
+2. Pad: `pad_einsum` pads I to a multiple of `mr` and J to a multiple of `nr` (zero-filled copies
+   of A / B, cropped write-back of C), so the micro-kernel never needs a predicate.
+3. Pack B into panels [S, J/nr, K, nr] (`transform_layout` of B's reindex/pad block): the
+   micro-kernel then reads one contiguous vector stream. When B is a compile-time weight
+   (listed in the PrimFunc's `layout_free_buffers`, see `AttachAttrLayoutFreeBuffers`) the
+   pack block is annotated `meta_schedule.layout_rewrite_preproc`, which is the hook stock
+   TVM's `SplitLayoutRewritePreproc` + `LiftTransformParams` / `FoldConstant` use to move the
+   packing out of the inference function (see `apply.py`).
+4. Tile: (S, I/mc, J/nr) fused and parallel; inside one tile the mr x nr register blocks
+   (rows unrolled, columns unrolled x vectorised by the ISA's lanes) accumulate into a
+   `local` cache-write buffer that LLVM keeps in vector registers over the k loop. With K
+   whole, that buffer is one register block, written back (with the fused epilogue) right
+   after its k loop; with K split by `kc`, it is the tile's mc x nr accumulator, written back
+   once after the last K block.
+
+Why it is correct: every step is a TensorIR schedule primitive (reindex, transform_layout,
+pad_einsum, split/reorder/fuse, cache_write, compute_inline, reverse_compute_at, parallel,
+vectorize, unroll, decompose_reduction); each primitive checks its own preconditions and
+preserves the function's semantics, and a primitive that refuses makes the rule return None
+(the function stays unscheduled and correct). Padded rows/columns are computed from zeros and
+never written back (pad_einsum's crop). The parallel loop only spans spatial axes, so no two
+threads touch the same output element.
+
+Sizing (all from the target and the device model, nothing from a particular CPU):
+`choose_register_block` picks (mr, nr) that minimise a cycle model of the padded problem
+(FMA throughput, load ports, FMA latency over independent accumulators, see `micro_cycles`)
+under the register budget; `choose_tiles` keeps K whole while a K x nr panel of B fits in
+half of L2 (the accumulator then never leaves the registers), else blocks it for L1, and
+sizes `mc` for L2 while leaving enough parallel tiles for the cores. Cache sizes come from the device model (`device.cpu_device`, sysfs) when
+the target is this host, else from the `DEFAULT_CACHES` table.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import IterKind, IterTrait, make_iter_fusion_index_map
+from tvm.target import Target, codegen
+
+from .isa import VectorISA, vector_isa
+
+# Vector load ports per core (how many vector loads, broadcasts included, issue per cycle).
+# Not exposed by LLVM; two is the figure for every AVX2 / AVX-512 / NEON core of the last decade
+# (newer cores have three, which only makes the load side of the model pessimistic).
+LOAD_PORTS = 2
+
+# Per-core data-cache sizes for targets that are not this host (cross compilation), by vector
+# width of the target's ISA: (L1 data bytes, L2 bytes). Conservative figures of the smallest
+# common core of each class, so that blocks chosen from them fit everywhere.
+#   512-bit (Skylake-SP .. Sapphire Rapids, Zen 4/5): 32-48 KiB L1d, 1-2 MiB L2
+#   256-bit (Haswell .. Alder Lake, Zen 2/3):          32-48 KiB L1d, 256 KiB-1.25 MiB L2
+#   128-bit (generic x86-64, NEON Cortex-A7x/Neoverse): 32-64 KiB L1d, 256 KiB-1 MiB L2
+DEFAULT_CACHES = {
+    512: (32 * 1024, 1024 * 1024),
+    256: (32 * 1024, 256 * 1024),
+    128: (32 * 1024, 256 * 1024),
+}
+
+# Smallest K block worth splitting to: the accumulator tile is reloaded once per block.
+MIN_KC = 128
+
+# How many parallel tiles per core the tiling aims for (load balance between threads).
+TILES_PER_CORE = 4
+
+LAYOUT_REWRITE_ATTR = "meta_schedule.layout_rewrite_preproc"
+
+
+@dataclass(frozen=True)
+class RegisterBlock:
+    """The micro-kernel: `mr` rows x `nr` = `vectors` * `lanes` columns of C in registers."""
+
+    mr: int
+    vectors: int
+    lanes: int
+
+    @property
+    def nr(self) -> int:
+        return self.vectors * self.lanes
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """A full GEMM plan: the register block plus the cache blocks `mc` (rows of a parallel
+    tile, a multiple of mr) and `kc` (reduction block, K itself when not split)."""
+
+    block: RegisterBlock
+    mc: int
+    kc: int
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    """Per-core data-cache capacities in bytes."""
+
+    l1: int
+    l2: int
+
+
+# ------------------------------------------------------------------------------ sizing
+def micro_cycles(isa: VectorISA, mr: int, vectors: int) -> Fraction:
+    """Modelled cycles per k step of an mr x vectors micro-kernel.
+
+    The bound is the larger of FMA throughput, load issue (mr broadcasts of A + `vectors`
+    loads of B) and the FMA latency when there are fewer independent accumulators than
+    fma_units * fma_latency. On top of it, the B loads and the loop step do not overlap
+    perfectly with the FMAs: (vectors + 1) / LOAD_PORTS cycles. That additive term is the form
+    that fits a hand-written C micro-kernel on an AVX-512 core within 3 % for 4x4 .. 14x2
+    blocks (4x4: 74 %, 8x2: 83 %, 12x2: 89 %, 14x2: 92 % of the FMA peak); it is what makes
+    tall blocks with few B vectors win when the register file allows them."""
+    fmas = mr * vectors
+    bound = max(Fraction(fmas, isa.fma_units), Fraction(mr + vectors, LOAD_PORTS),
+                Fraction(isa.fma_latency))
+    return bound + Fraction(vectors + 1, LOAD_PORTS)
+
+
+def fits_registers(isa: VectorISA, mr: int, vectors: int) -> bool:
+    """mr * vectors accumulators + `vectors` loaded B vectors + 1 broadcast fit the file."""
+    return mr * vectors + vectors + 1 <= isa.registers
+
+
+def choose_register_block(isa: VectorISA, dtype: str, m: int, n: int) -> RegisterBlock:
+    """The (mr, vectors) minimising the modelled time of the padded m x n problem.
+
+    Registers: mr * vectors accumulators + `vectors` B vectors + 1 broadcast A value must fit
+    in the register file. The model charges padding (ceil(m/mr) * ceil(n/nr) blocks) times the
+    cycles per k step of one block (`micro_cycles`); ties go to more accumulators.
+    A block with a single B vector is only considered when N fits in one vector: with one B
+    vector every FMA waits on its own broadcast of A (measured 2x slower than the model)."""
+    lanes = isa.lanes(dtype)
+    min_vectors = 1 if n <= lanes else 2
+    best = None
+    for mr in range(1, min(m, isa.registers) + 1):
+        for vectors in range(min_vectors, isa.registers):
+            if not fits_registers(isa, mr, vectors):
+                break
+            if (vectors - 1) * lanes >= n:  # a whole vector of padding: never useful
+                break
+            blocks = math.ceil(m / mr) * math.ceil(n / (vectors * lanes))
+            key = (blocks * micro_cycles(isa, mr, vectors), -mr * vectors)
+            if best is None or key < best[0]:
+                best = (key, RegisterBlock(mr, vectors, lanes))
+    assert best is not None
+    return best[1]
+
+
+def _largest_divisor_at_most(value: int, limit: int, floor: int) -> int | None:
+    for d in range(min(value, limit), floor - 1, -1):
+        if value % d == 0:
+            return d
+    return None
+
+
+def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: int, m: int,
+                 n: int, k: int, cores: int) -> Tiling:
+    """Cache blocks around the register block.
+
+    kc (K block): K is not split while a whole K x nr panel of B fits in half of L2: each
+    micro-kernel then streams its panel from L2 and keeps its accumulator in registers from
+    the first k to the write-back (measured 4 % faster than K blocks of the L1 size, which
+    need an mc x nr accumulator tile in memory). Larger panels are split into kc x nr blocks
+    taking at most half of L1 (at least MIN_KC), with kc dividing K, since a remainder would
+    put a predicate inside the micro-kernel; without such a divisor K is not split.
+    mc (rows of a parallel tile): the mc x kc block of A is re-read by the tile's column
+    panels and the accumulator tile of a split K lives next to the B block, so mc * kc takes
+    at most half of L2 and (split K) mc * nr at most half of L1; fewer rows when that leaves
+    fewer than TILES_PER_CORE tiles per core; then evened out over the row tiles."""
+    size = tvm.runtime.DataType(dtype).bits // 8
+    m_padded = math.ceil(m / block.mr) * block.mr
+    kc = k
+    if k * block.nr * size > caches.l2 // 2:
+        kc_max = max(MIN_KC, caches.l1 // 2 // (block.nr * size))
+        kc = _largest_divisor_at_most(k, kc_max, max(1, kc_max // 2)) or k
+    row_limit = caches.l2 // 2 // (kc * size)
+    if kc < k:
+        row_limit = min(row_limit, caches.l1 // 2 // (block.nr * size))
+    rows = max(1, min(m_padded // block.mr, row_limit // block.mr))
+    n_tiles = batch * math.ceil(n / block.nr)
+    while rows > 1 and n_tiles * math.ceil(m_padded / (rows * block.mr)) < TILES_PER_CORE * cores:
+        rows -= 1
+    row_tiles = math.ceil(m_padded / (rows * block.mr))
+    mc = math.ceil(m_padded / block.mr / row_tiles) * block.mr
+    return Tiling(block, mc, kc)
+
+
+@functools.lru_cache(maxsize=None)
+def _host_caches() -> CacheSizes:
+    from ...device import cpu_device  # pylint: disable=import-outside-toplevel
+
+    device = cpu_device()
+    by_name = {level.name: level.capacity for level in device.levels}
+    return CacheSizes(l1=by_name["L1"], l2=by_name["L2"])
+
+
+def cache_sizes(target: Target) -> CacheSizes:
+    """This machine's caches when `target` compiles for it (same triple and no other mcpu),
+    else DEFAULT_CACHES by the target's vector width."""
+    host_triple = codegen.llvm_get_system_triple()
+    triple = str(target.attrs.get("mtriple", "") or host_triple)
+    mcpu = str(target.attrs.get("mcpu", "") or "")
+    if triple == host_triple and mcpu in ("", codegen.llvm_get_system_cpu()):
+        return _host_caches()
+    l1, l2 = DEFAULT_CACHES.get(vector_isa(target).bits, DEFAULT_CACHES[128])
+    return CacheSizes(l1, l2)
+
+
+def target_cores(target: Target) -> int:
+    """The target's `num-cores`, else this machine's CPU count."""
+    return int(target.attrs.get("num-cores", 0) or 0) or os.cpu_count() or 1
+
+
+# ------------------------------------------------------------------------------ matching
+@dataclass(frozen=True)
+class GemmShape:
+    """Extents of the normalised problem C[S, I, J] += A[S, I, K] * B[S, J, K]."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    dtype: str
+    a_read: int = 0  # which of the reduction block's reads is A (1: operands swapped, N = 1)
+    a_gather: bool = False  # A's elements come from composite indices (an implicit im2col)
+
+
+def _static(extent) -> int | None:
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def _is_reduction(block: s_tir.SBlock) -> bool:
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in block.iter_vars)
+
+
+def _is_spatial(block: s_tir.SBlock) -> bool:
+    return all(iv.iter_type == tirx.IterVar.DataPar for iv in block.iter_vars)
+
+
+def find_gemm_block(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
+    """The single reduction block of a function whose other blocks are all spatial, if it has
+    the einsum form of a matrix product; None otherwise."""
+    try:
+        blocks = sch.get_child_blocks(get_root_block(sch))
+    except ValueError:  # the body is not a root block (an already lowered function)
+        return None
+    reductions = []
+    for block in blocks:
+        stmt = sch.get(block)
+        if _is_reduction(stmt):
+            if not all(iv.iter_type in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce)
+                       for iv in stmt.iter_vars):
+                return None
+            reductions.append(block)
+        elif not _is_spatial(stmt):
+            return None
+    if len(reductions) != 1:
+        return None
+    return reductions[0]
+
+
+def _access_vars(regions) -> list[set] | None:
+    """Per region, the block variables its indices use; None unless every access is one
+    element (the einsum form)."""
+    out = []
+    for region in regions:
+        used: set = set()
+        for rng in region.region:
+            if _static(rng.extent) != 1:
+                return None
+            used |= {v for v in tirx.analysis.undefined_vars(rng.min)}
+        out.append(used)
+    return out
+
+
+@dataclass(frozen=True)
+class GemmMaps:
+    """Index maps normalising a block to C[S,I,J] += A[S,I,K] * B[S,J,K]; `a_read` is the
+    position of the A operand in the block's reads (1 when the operands are swapped)."""
+
+    block: tirx.IndexMap
+    a: tirx.IndexMap
+    b: tirx.IndexMap
+    c: tirx.IndexMap
+    a_read: int
+
+
+def _classify(block: s_tir.SBlock, a_vars: set, b_vars: set, c_vars: set) -> dict | None:
+    """{block var: IterTrait} for the einsum form with A = `a_vars`' operand, or None."""
+    traits = {}
+    for iv in block.iter_vars:
+        var, extent = iv.var, iv.dom.extent
+        if _static(extent) == 1:
+            kind = IterKind.kIter_T
+        elif iv.iter_type == tirx.IterVar.DataPar:
+            where = (var in a_vars, var in b_vars, var in c_vars)
+            kind = {(True, True, True): IterKind.kIter_S, (True, False, True): IterKind.kIter_I,
+                    (False, True, True): IterKind.kIter_J}.get(where)
+        elif iv.iter_type == tirx.IterVar.CommReduce and var in a_vars and var in b_vars \
+                and var not in c_vars:
+            kind = IterKind.kIter_K
+        else:
+            kind = None
+        if kind is None:
+            return None
+        traits[var] = IterTrait(kind, extent)
+    return traits
+
+
+def _innermost_kind(region, traits: dict) -> IterKind | None:
+    """The kind of the block variable indexing the last non-constant dimension of `region`."""
+    for rng in reversed(list(region.region)):
+        found = [v for v in _used_vars(rng.min) if v in traits
+                 and traits[v].kind != IterKind.kIter_T]
+        if found:
+            return traits[found[0]].kind if len(found) == 1 else None
+    return None
+
+
+def _used_vars(expr) -> set:
+    return set(tirx.analysis.undefined_vars(expr))
+
+
+def gemm_index_maps(block: s_tir.SBlock, a_read: int | None = None) -> GemmMaps | None:
+    """Index maps normalising `block` to C[S,I,J] += A[S,I,K] * B[S,J,K], or None.
+
+    Like dlight's `get_index_map`, with extensions: an absent I axis is allowed (M = 1: a row
+    vector times a matrix keeps the columns in the vector lanes); the operands may swap roles
+    (C^T = B^T A^T), which is the only form when J is absent (N = 1: a matrix times a column
+    vector) and the preferred one when it makes A contiguous along K. K must exist;
+    extent-1 axes are dropped. `a_read` forces the orientation (the block after reindexing
+    keeps the one chosen on the original accesses)."""
+    if len(block.reads) != 2 or len(block.writes) != 1:
+        return None
+    used = _access_vars([block.reads[0], block.reads[1], block.writes[0]])
+    if used is None:
+        return None
+    S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
+    valid = []
+    for candidate in (0, 1) if a_read is None else (a_read,):
+        traits = _classify(block, used[candidate], used[1 - candidate], used[2])
+        if traits is not None and {J, K} <= {t.kind for t in traits.values()}:
+            valid.append((candidate, traits))
+    if not valid:
+        return None
+    # A is broadcast element by element along k, B is packed: prefer the orientation whose A
+    # is contiguous along K (a pointwise convolution's weights rather than its NCHW input:
+    # measured 1.3-1.4x faster, packing of the input included).
+    a_read, traits = next((v for v in valid if _innermost_kind(block.reads[v[0]], v[1]) == K),
+                          valid[0])
+    a_vars, b_vars, c_vars = used[a_read], used[1 - a_read], used[2]
+
+    def of(vars_):
+        return [traits[iv.var] for iv in block.iter_vars if iv.var in vars_]
+
+    return GemmMaps(
+        block=make_iter_fusion_index_map([traits[iv.var] for iv in block.iter_vars],
+                                         [S, I, J, K]),
+        a=make_iter_fusion_index_map(of(a_vars), [S, I, K]),
+        b=make_iter_fusion_index_map(of(b_vars), [S, J, K]),
+        c=make_iter_fusion_index_map(of(c_vars), [S, I, J]),
+        a_read=a_read,
+    )
+
+
+def _inline_producers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    """Inline every spatial producer chain of `block` (casts, transposes, broadcasts) so the
+    reduction reads function parameters; producers that refuse stay materialised."""
+    changed = True
+    while changed:
+        changed = False
+        for producer in sch.get_producers(block):
+            try:
+                sch.compute_inline(producer)
+                changed = True
+            except Exception:  # pylint: disable=broad-except
+                continue
+
+
+def _all_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list:
+    out = []
+    for consumer in sch.get_consumers(block):
+        out.append(consumer)
+        out.extend(_all_consumers(sch, consumer))
+    return out
+
+
+def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    """Fold the consumer graph (reindex/pad crops, epilogues) into `block`, as dlight does:
+    first inline intermediate consumers forward into their own consumers (so a value read
+    twice, like GELU's x * erf(x), becomes one expression), then reverse-inline the rest
+    into `block`. Consumers that refuse stay at the root, still correct."""
+    changed = True
+    while changed:
+        changed = False
+        consumers = _all_consumers(sch, block)
+        for consumer in consumers:
+            try:
+                sch.compute_inline(consumer)
+                changed = True
+            except (RuntimeError, ValueError):
+                continue
+        for consumer in consumers:
+            try:
+                sch.reverse_compute_inline(consumer)
+                changed = True
+            except (RuntimeError, ValueError):
+                continue
+
+
+def _param_index_of(func: tirx.PrimFunc, buffer: tirx.Buffer) -> int | None:
+    for index, param in enumerate(func.params):  # TVM 0.27: a buffer parameter is its own Var
+        if param.same_as(buffer):
+            return index
+    return None
+
+
+def _reads_only_layout_free(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                            func: tirx.PrimFunc) -> bool:
+    """True when every buffer `block` reads is a parameter listed in `layout_free_buffers`."""
+    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
+    if not free:
+        return False
+    free = {int(i) for i in free}
+    reads = sch.get(block).reads
+    return bool(reads) and all(_param_index_of(func, r.source) in free for r in reads)
+
+
+# ------------------------------------------------------------------------------ the rule
+class GEMM(ScheduleRule):
+    """dlight-style rule: `apply(func, target, tunable)` returns a Schedule or None."""
+
+    def is_target_available(self, target: Target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool = False
+              ) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            return well_formed(schedule_gemm(func, target))
+        except (RuntimeError, ValueError):
+            # A primitive refused (an access pattern we did not foresee): leave the function
+            # to other rules rather than risk a wrong or half-made schedule.
+            return None
+
+
+def well_formed(sch: s_tir.Schedule | None) -> s_tir.Schedule | None:
+    """`sch` if its function survives the start of TVM's own lowering (block lowering up to
+    buffer flattening, a few milliseconds), else None: a last guard against a primitive
+    sequence that leaves e.g. a dangling buffer, seen with TVM 0.27's reverse_compute_inline
+    on a diamond of consumers (GELU)."""
+    if sch is None:
+        return None
+    from tvm.s_tir import transform as st  # pylint: disable=import-outside-toplevel
+
+    lowering = tvm.transform.Sequential([
+        st.CanonicalizeLoop(), st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
+        st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerMatchBuffer(),
+        st.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
+    ])
+    try:
+        lowering(tvm.IRModule({"main": sch.mod["main"]}))
+    except (RuntimeError, ValueError):
+        return None
+    return sch
+
+
+def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockRV, GemmShape
+                                          ] | None:
+    """Normalise a matmul-class function. Returns the schedule (producers inlined, block
+    reindexed to (S, I, J, K)), the reduction block and the problem shape; None if no match."""
+    sch = s_tir.Schedule(func)
+    main = find_gemm_block(sch)
+    if main is None:
+        return None
+    _inline_producers(sch, main)
+    stmt = sch.get(main)
+    maps = gemm_index_maps(stmt)
+    if maps is None:
+        return None
+    if any(_static(iv.dom.extent) is None for iv in stmt.iter_vars):
+        return None
+    dtype = str(stmt.writes[0].source.dtype)
+    if not dtype.startswith("float"):
+        return None
+    # A read through composite indices (a convolution's x + kx, or a K fused from several
+    # axes) would cost div/mod per broadcast inside the micro-kernel: copy it once instead.
+    a_region = stmt.reads[maps.a_read].region
+    a_gather = any(not isinstance(r.min, tirx.Var) and _static(r.min) is None
+                   for r in a_region)
+    reindex_a = sch.reindex(main, ("read", maps.a_read))
+    reindex_b = sch.reindex(main, ("read", 1 - maps.a_read))
+    reindex_c = sch.reindex(main, ("write", 0))
+    maps = gemm_index_maps(sch.get(main), maps.a_read)
+    block_map, a_map, b_map, c_map = maps.block, maps.a, maps.b, maps.c
+    sch.transform_layout(reindex_a, ("write", 0), a_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_map)
+    sch.transform_layout(reindex_c, ("read", 0), c_map)
+    sch.transform_block_layout(main, block_map)
+    # The copies iterate in the normalised order too, so their loops are (S, I|J, K).
+    sch.transform_block_layout(reindex_a, a_map)
+    sch.transform_block_layout(reindex_b, b_map)
+    batch, m, n, k = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
+    return sch, main, GemmShape(batch, m, n, k, dtype, maps.a_read, a_gather)
+
+
+def plan(shape: GemmShape, target: Target) -> Tiling:
+    """Register and cache blocks for `shape` on `target`."""
+    isa = vector_isa(target)
+    block = choose_register_block(isa, shape.dtype, shape.m, shape.n)
+    return choose_tiles(block, cache_sizes(target), shape.dtype, shape.batch, shape.m, shape.n,
+                        shape.k, target_cores(target))
+
+
+def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = None
+                  ) -> s_tir.Schedule | None:
+    """Schedule a matmul-class PrimFunc (see the module docstring); None if it is not one.
+    `tiling` overrides the analytic plan (tests use it to plant faults / odd blocks)."""
+    found = analyse(func)
+    if found is None:
+        return None
+    sch, main, shape = found
+    tiling = tiling or plan(shape, target)
+    mr, nr, lanes = tiling.block.mr, tiling.block.nr, tiling.block.lanes
+
+    # Step 2: pad I and J (no-op axes are left alone, so no copy is made when divisible).
+    pad_m, pad_n = -shape.m % mr, -shape.n % nr
+    if pad_m or pad_n:
+        sch.pad_einsum(main, [1, mr if pad_m else 1, nr if pad_n else 1, 1])
+    a_block, b_block = _operand_blocks(sch, main, pad_m > 0 or shape.a_gather, shape.a_read)
+
+    # Step 3: B into panels [S, J/nr, K, nr].
+    sch.transform_layout(b_block, ("write", 0), lambda s, j, k: (s, j // nr, k, j % nr))
+    if _reads_only_layout_free(sch, b_block, func):
+        sch.annotate(b_block, LAYOUT_REWRITE_ATTR, True)
+    _schedule_pack(sch, b_block, nr, lanes)
+    if a_block is not None:
+        _schedule_copy(sch, a_block, lanes)
+
+    # Step 4: tiles, register block, local accumulator, epilogue in the write-back.
+    s, i, j, k = sch.get_loops(main)
+    i_tile, i_block, i_reg = sch.split(i, [None, tiling.mc // mr, mr])
+    j_tile, j_vec, j_lane = sch.split(j, [None, nr // lanes, lanes])
+    if tiling.kc < shape.k:
+        # K blocked: the tile's accumulator (mc x nr) outlives each K block.
+        k_outer, k_inner = sch.split(k, [None, tiling.kc])
+        sch.reorder(s, i_tile, j_tile, k_outer, i_block, k_inner, i_reg, j_vec, j_lane)
+        accumulator_at = j_tile
+    else:
+        # Whole K per register block: the accumulator is just the mr x nr registers, zeroed,
+        # filled and written back (with the epilogue) by one micro-kernel.
+        k_outer, k_inner = sch.add_unit_loop(k), k
+        sch.reorder(s, i_tile, j_tile, i_block, k_outer, k_inner, i_reg, j_vec, j_lane)
+        accumulator_at = i_block
+    accumulator = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(accumulator, accumulator_at, preserve_unit_loops=True)
+    _inline_consumers(sch, accumulator)
+    tile = sch.fuse(s, i_tile, j_tile)
+    sch.parallel(tile)
+    sch.unroll(i_reg)
+    sch.unroll(j_vec)
+    sch.vectorize(j_lane)
+    _vectorize_inner(sch, accumulator, lanes)
+    init = sch.decompose_reduction(main, k_outer)
+    _vectorize_inner(sch, init, lanes)
+    return sch
+
+
+def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_copied: bool,
+                    a_read: int) -> tuple[s_tir.schedule.SBlockRV | None, s_tir.schedule.SBlockRV]:
+    """After normalisation (and padding), the blocks that produce the reduction's A and B.
+    A's reindex copy is inlined unless A is padded or gathered (`a_copied`), so the kernel
+    reads A directly; B's
+    reindex is folded into its pad block, so one block (the pack) reads the original B."""
+    stmt = sch.get(main)
+    a_buf, b_buf = stmt.reads[a_read].source, stmt.reads[1 - a_read].source
+    producers = {sch.get(p).writes[0].source.name: p for p in sch.get_producers(main)}
+    a_block, b_block = producers[a_buf.name], producers[b_buf.name]
+    for block in (a_block, b_block):  # pad block <- reindex block: fold the reindex in
+        _inline_producers(sch, block)
+    if not a_copied:
+        sch.compute_inline(a_block)
+        a_block = None
+    return a_block, b_block
+
+
+def _schedule_pack(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, nr: int,
+                   lanes: int) -> None:
+    """Loops of the B pack (S, J, K): panels in parallel, K, then the nr columns vectorised,
+    so each panel row is written as whole vectors."""
+    s, j, k = sch.get_loops(block)
+    j_panel, j_vec, j_lane = sch.split(j, [None, nr // lanes, lanes])
+    sch.reorder(s, j_panel, k, j_vec, j_lane)
+    sch.parallel(sch.fuse(s, j_panel))
+    sch.vectorize(j_lane)
+
+
+def _schedule_copy(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    """A's zero-padding copy: rows in parallel, K vectorised when it is a multiple of lanes."""
+    loops = sch.get_loops(block)
+    sch.parallel(sch.fuse(*loops[:-1]))
+    _vectorize_inner(sch, block, lanes)
+
+
+def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
+    """Vectorise the innermost loop of `block` by `lanes` when it divides the extent."""
+    inner = sch.get_loops(block)[-1]
+    extent = _static(sch.get(inner).extent)
+    if extent is None or extent % lanes:
+        return
+    _, lane = sch.split(inner, [None, lanes])
+    sch.vectorize(lane)
