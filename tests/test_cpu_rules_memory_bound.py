@@ -1,6 +1,6 @@
 """Memory-bound CPU rules (tir_passes/rules/cpu/{injective,reduction,fast_math,memory_bound}):
 numerics against numpy on odd shapes, built as Relax modules, legalised and fused as the stock
-pipeline does, scheduled by ApplyCPURules, compiled for the host and run on the VM; the
+pipeline does, scheduled by ApplyCPURules with the memory-bound family alone, compiled for the host and run on the VM; the
 fast-math formulas over the whole float32 range; planted faults the checks must catch."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tvm_einweld.tir_passes.device import host_target
 from tvm_einweld.tir_passes.fusion import prepare
 from tvm_einweld.tir_passes.rules.cpu import fast_math, injective
 from tvm_einweld.tir_passes.rules.cpu import ApplyCPURules
+from tvm_einweld.tir_passes.rules.cpu.memory_bound import schedule_memory_bound
 
 TARGET = host_target()
 RNG = np.random.default_rng(7)
@@ -34,7 +35,7 @@ def _module(fn, shapes, dtype):
 def run_scheduled(fn, shapes, dtype="float32", inputs=None):
     """(outputs, report of the pass, inputs) for `fn` through prepare + our pass + tvm.compile."""
     mod = prepare()(_module(fn, shapes, dtype))
-    rules = ApplyCPURules(TARGET)
+    rules = ApplyCPURules(TARGET, [("memory-bound", schedule_memory_bound)])
     mod = rules(mod)
     ex = tvm.compile(mod, TARGET)
     vm = relax.VirtualMachine(ex, tvm.cpu())

@@ -12,7 +12,9 @@ Stages, in order:
   3. TileGraphFusion (Welder): fused groups with intermediates in per-tile buffers, each
      checked against the unfused kernels before it replaces them; a group is formed only when
      it beats its members' own analytic kernels;
-  3b. the analytic CPU schedule rules (`tir_passes.rules.cpu`) on every kernel left;
+  3b. the analytic CPU schedule rules (`tir_passes.rules.cpu`: convolutions, the GEMM class,
+     memory-bound kernels) on every kernel left, constant weights packed into the kernels'
+     layouts at compile time;
   4. adaptive-layout tuning (AL-Ansor) of the remaining kernels when `trials > 0`, applied
      with the compile-time weight layout transform, and kept only when the whole tuned
      module equals the untuned one and runs faster;
@@ -99,6 +101,7 @@ class EinweldOptimize:
         from .relay_passes.derivation_transform import DerivationTransform
         from .tir_passes import TileGraphFusion, prepare
         from .tir_passes.rules.cpu import ApplyCPURules
+        from .tir_passes.rules.cpu.apply import prepack_weights
 
         target = _resolve_target(self.target)
         self.checks = []
@@ -125,9 +128,10 @@ class EinweldOptimize:
                     self.checks += self.fusion.checks
             if target.kind.name == "llvm":
                 with clock("analytic schedules"):
+                    # Constant weights are packed into the kernels' layouts at compile time.
                     self.rules = ApplyCPURules(target)
-                    mod = checked("analytic CPU schedules", mod, self.rules(mod), target,
-                                  self.checks)
+                    scheduled = prepack_weights(target, scheduler=self.rules)(mod)
+                    mod = checked("analytic CPU schedules", mod, scheduled, target, self.checks)
             if self.trials > 0:
                 with clock("tuning"):
                     mod = self._tune(mod, target)

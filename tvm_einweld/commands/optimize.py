@@ -103,9 +103,18 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         executable.export_library(args.output)
-        print(f"\nwrote {args.output} (load it in a process that has run `import tvm_einweld`: "
-              "derived programs may call its numpy-BLAS GEMM)")
+        print(f"\nwrote {args.output}: load it with tvm.runtime.load_module and run it on "
+              f"relax.VirtualMachine(lib, tvm.cpu())['main'](*inputs), inputs in the order of "
+              f"the model's graph inputs: {', '.join(_graph_inputs(args.model))}")
     return 0
+
+
+def _graph_inputs(path: str) -> list:
+    import onnx
+
+    from ..bench.runners import graph_input_names
+
+    return list(graph_input_names(onnx.load(path)))
 
 
 def _check_against_onnxruntime(path: str, executable) -> bool:

@@ -7,7 +7,9 @@ For every Relax function:
 2. for every operator of a subprogram, collect candidate programs:
    * the original call (always a candidate, so nothing gets slower by the cost model's own
      estimate),
-   * a faster provider for the same operator (numpy's BLAS for a matmul, `numpy_gemm.py`),
+   * with `providers=True` only, numpy's BLAS for a matmul (`numpy_gemm.py`, a Python
+     callback: off by default, the analytic GEMM kernels are faster and need no Python at
+     inference),
    * the states of the distance-guided derivation search (`search.py`) from the operator's
      canonical expression, instantiated as predefined operators plus eOperators
      (`instantiate.py`; matched matmuls take the faster provider);
@@ -358,8 +360,8 @@ class DerivationTransform:
     `target` is where candidates are timed; `min_speedup` is the estimated gain a rewrite
     needs (0 applies the cheapest alternative whatever it costs, for testing);
     `max_instantiations` caps derived candidates per operator; `providers` enables the
-    numpy GEMM provider; `log` is a JSON-lines path or a list receiving one record per
-    subprogram; `confirm_by_measurement` times a verified rewrite against the original
+    numpy GEMM provider (a Python callback; off by default); `log` is a JSON-lines path or
+    a list receiving one record per subprogram; `confirm_by_measurement` times a verified rewrite against the original
     subprogram and drops it unless it is faster (the eOperator estimate is a lower bound for
     kernels that run below memory bandwidth); the `measured_attempts` cheapest rewrites by
     estimate are each verified and timed, and the fastest is kept.
@@ -368,7 +370,7 @@ class DerivationTransform:
     def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 5.0,
                  seed: int = 0, rules=None, targets=None, target: str = "llvm",
                  min_speedup: float = 1.1, max_instantiations: int = 8,
-                 providers: bool = True, verify_trials: int = 2,
+                 providers: bool = False, verify_trials: int = 2,
                  log: Union[None, str, Path, list] = None,
                  confirm_by_measurement: bool = True, measured_attempts: int = 3) -> None:
         self.budget = Budget(max_depth=max_depth, max_states=max_states,

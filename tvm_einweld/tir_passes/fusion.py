@@ -62,14 +62,14 @@ def prepare() -> tvm.transform.Pass:
 
 def analytic_pipeline(target) -> tvm.transform.Pass:
     """How the einweld pipeline builds a kernel that no tile group takes: prepare(), the
-    analytic CPU schedule rules (llvm), then TVM's lowering (on GPU targets, TVM's default
+    analytic CPU schedule rules with compile-time weight packing (llvm), then TVM's lowering (on GPU targets, TVM's default
     pipeline). Candidates are timed with it, so they are costed on the kernels that will run."""
-    from .rules.cpu import ApplyCPURules
+    from .rules.cpu.apply import prepack_weights
 
     target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
     if target.kind.name != "llvm":
         return relax.get_default_pipeline(target)
-    return tvm.transform.Sequential([prepare(), ApplyCPURules(target),
+    return tvm.transform.Sequential([prepare(), prepack_weights(target),
                                      relax.pipeline.default_build_pipeline()],
                                     name="einweld_kernels")
 
