@@ -142,10 +142,11 @@ def test_two_matmuls_sharing_an_input_become_one():
 
 
 def test_matmul_providers_keep_results():
+    """The numpy-BLAS provider (opt-in, `providers=True`) computes what the matmul did."""
     mod = matmul_model()
     log = []
     new = DerivationTransform(**SMALL, min_speedup=0, confirm_by_measurement=False,
-                              log=log)(mod)
+                              providers=True, log=log)(mod)
     (rec,) = log
     assert rec["applied"] and rec["chosen"]["ops"] != ["relax.matmul"]
     assert_same_results(new, mod)

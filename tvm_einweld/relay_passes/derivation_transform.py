@@ -367,7 +367,7 @@ class DerivationTransform:
     estimate are each verified and timed, and the fastest is kept.
     """
 
-    def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 5.0,
+    def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 2.0,
                  seed: int = 0, rules=None, targets=None, target: str = "llvm",
                  min_speedup: float = 1.1, max_instantiations: int = 8,
                  providers: bool = False, verify_trials: int = 2,
@@ -515,6 +515,11 @@ class DerivationTransform:
                 numpy_gemm.supports(*op.args):
             candidates.append(self._program("numpy_gemm", op, _gemm_emit(op)))
         stats, best = None, ()
+        if not op.expr.sums:
+            # No summation: an element-wise or layout operator is memory-bound as it stands;
+            # derivations (EinNet §4) gain on reductions, so the search is not run for it.
+            return OpResult(op, tuple(candidates), candidates[0], None,
+                            ("no summation: nothing to derive",))
         try:
             result = self.search(op.expr)
             stats = result.stats
