@@ -73,7 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Progress of long stages on stderr, elapsed seconds first, so stdout (--json) stays clean.
     progress = logging.StreamHandler(sys.stderr)
     progress.setFormatter(_Elapsed())
-    logger = logging.getLogger("tvm_einweld")
+    logger = logging.getLogger("tvm_einweld.progress")
     logger.addHandler(progress)
     logger.setLevel(logging.INFO)
     try:

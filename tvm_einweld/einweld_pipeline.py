@@ -47,7 +47,7 @@ MIN_TUNED_GAIN = 1.05
 from .verify.module_check import ModuleCheck, checked
 
 TargetLike = Union[str, dict, tvm.target.Target, None]
-_LOG = logging.getLogger("tvm_einweld")
+_LOG = logging.getLogger("tvm_einweld.progress")
 
 
 def _resolve_target(target: TargetLike) -> tvm.target.Target:
@@ -174,9 +174,9 @@ class EinweldOptimize:
 
 
 class _StageClock:
-    """`with clock(name):` adds the wall time of the block to `seconds[name]` and logs (logger
-    "tvm_einweld", INFO: the CLI shows it on stderr) that the stage started and how long it
-    took, so a long compile is not silent."""
+    """`with clock(name):` adds the wall time of the block to `seconds[name]` and logs
+    (logger "tvm_einweld.progress", INFO: the CLI shows it on stderr) that the stage started
+    and how long it took, so a long compile is not silent."""
 
     def __init__(self, seconds: Dict[str, float]) -> None:
         self.seconds = seconds
