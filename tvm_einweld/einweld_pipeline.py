@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import tempfile
 import time
 import warnings
@@ -149,6 +150,7 @@ class EinweldOptimize:
             # MetaSchedule needs the core count; plain "llvm" means this machine.
             target = tvm.target.Target({**spec, "num-cores": cpu_cores()})
         work_dir = self.work_dir or tempfile.mkdtemp(prefix="einweld_tune_")
+        os.makedirs(work_dir, exist_ok=True)  # MetaSchedule's database does not create it
         stage = adaptive_layout_tuning_pass(target, work_dir, self.trials,
                                             layout_strategy=self.layout_strategy,
                                             **self.tune_options)
