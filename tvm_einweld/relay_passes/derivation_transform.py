@@ -58,7 +58,7 @@ from ..verify.smt import ProofResult
 from . import numpy_gemm
 from .op_cost import (
     EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, program_seconds, roofline_seconds,
-    time_call,
+    static_shape, tensor_nbytes, time_call,
 )
 from .rewrite_log import active_logs, write_records
 from .search import Budget, SearchResult, SearchStats, State, default_rules, \
@@ -294,7 +294,7 @@ def program_kernels(mod: tvm.IRModule, target: str) -> Tuple[Kernel, ...]:
             name = call.op.name
             if name == "relax.call_tir":
                 label = "eop:" + _EOP_SUFFIX.sub("", call.args[0].name_hint)
-                moved = sum(_nbytes(t.ty) for t in tensors) + _nbytes(binding.var.ty)
+                moved = sum(tensor_nbytes(t.ty) for t in tensors) + tensor_nbytes(binding.var.ty)
                 intensity = _points(mod[call.args[0]]) * _itemsize(binding.var.ty) / moved
                 if intensity >= EOP_MAX_INTENSITY and not folded:
                     # The bandwidth estimate only holds for memory-bound kernels; EinNet maps
@@ -336,16 +336,8 @@ def _points(func) -> int:
     return total[0]
 
 
-def _static_shape(ty) -> Tuple[int, ...]:
-    return tuple(int(v) for v in ty.shape.values)
-
-
 def _itemsize(ty) -> int:
     return np.dtype(str(ty.dtype)).itemsize
-
-
-def _nbytes(ty) -> int:
-    return int(np.prod([int(v) for v in ty.shape.values])) * np.dtype(str(ty.dtype)).itemsize
 
 
 # --- the pass -----------------------------------------------------------------------------------
@@ -361,8 +353,9 @@ class DerivationTransform:
     needs (0 applies the cheapest alternative whatever it costs, for testing);
     `max_instantiations` caps derived candidates per operator; `providers` enables the
     numpy GEMM provider (a Python callback; off by default); `log` is a JSON-lines path or
-    a list receiving one record per subprogram; `confirm_by_measurement` times a verified rewrite against the original
-    subprogram and drops it unless it is faster (the eOperator estimate is a lower bound for
+    a list receiving one record per subprogram; `confirm_by_measurement` times a verified
+    rewrite against the original subprogram and drops it unless it is `MIN_MEASURED_GAIN`
+    faster (the eOperator estimate is a lower bound for
     kernels that run below memory bandwidth); the `measured_attempts` cheapest rewrites by
     estimate are each verified and timed, and the fastest is kept.
     """
@@ -502,7 +495,7 @@ class DerivationTransform:
                                   constants_as_params=True)
         rng = np.random.default_rng(self.budget.seed)
         own = tuple(arg.value.numpy() if isinstance(arg, Constant) else
-                    random_array(rng, _static_shape(arg.ty), str(arg.ty.dtype))
+                    random_array(rng, static_shape(arg.ty), str(arg.ty.dtype))
                     for arg in subprogram_inputs(sub.ops, constants_as_params=True))
         return compare_relax(after, before, trials=self.verify_trials, target=self.target,
                              extra_inputs=[InputSet("own constants", own)])

@@ -170,12 +170,18 @@ def _describe_arg(arg) -> str:
         return "(" + ",".join(_describe_arg(f) for f in arg.fields) + ")"
     ty = getattr(arg, "ty", None)
     if isinstance(ty, relax.TensorType):
-        return f"{ty.dtype}{list(_static(ty))}"
+        return f"{ty.dtype}{list(static_shape(ty))}"
     return str(arg)
 
 
-def _static(ty) -> Tuple[int, ...]:
+def static_shape(ty) -> Tuple[int, ...]:
+    """The shape of a Relax tensor type with static dimensions."""
     return tuple(int(v) for v in ty.shape.values)
+
+
+def tensor_nbytes(ty) -> int:
+    """Bytes of a Relax tensor type with static dimensions."""
+    return _nbytes(static_shape(ty), str(ty.dtype))
 
 
 def call_key(call, target: str) -> str:
@@ -221,7 +227,7 @@ def single_call_module(call):
                 ty = arg.ty
                 if not isinstance(ty, relax.TensorType):
                     raise NotImplementedError(f"timing a call that reads {arg.name}: {ty}")
-                params[arg] = relax.Var(f"arg{len(params)}", relax.TensorType(_static(ty),
+                params[arg] = relax.Var(f"arg{len(params)}", relax.TensorType(static_shape(ty),
                                                                                ty.dtype))
             return params[arg]
         if isinstance(arg, relax.Tuple):
@@ -265,7 +271,7 @@ def measure_modules(mods: Sequence, target: str = "llvm", repeats: int = 5) -> L
         ex = tvm.compile(mod, target=target, relax_pipeline=analytic_pipeline(target))
         fn = relax.VirtualMachine(ex, dev)["main"]
         rng = np.random.default_rng(0)
-        args = [tvm.runtime.tensor(rng.uniform(-1, 1, _static(p.ty)).astype(str(p.ty.dtype)),
+        args = [tvm.runtime.tensor(rng.uniform(-1, 1, static_shape(p.ty)).astype(str(p.ty.dtype)),
                                    dev) for p in mod["main"].params]
         calls.append(lambda fn=fn, args=args: fn(*args))
     best = [float("inf")] * len(calls)
@@ -328,5 +334,5 @@ def op_kernel(call, target: str = "llvm", name: Optional[str] = None) -> Kernel:
 __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_intensity",
            "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes", "eop_kernel",
            "measure_module", "measure_modules", "measured_gain", "best_seconds", "call_key", "time_call",
-           "measure_call", "op_kernel", "single_call_module", "EOP_MAX_INTENSITY", "levels",
+           "measure_call", "op_kernel", "static_shape", "tensor_nbytes", "single_call_module", "EOP_MAX_INTENSITY", "levels",
            "roofline_seconds"]
