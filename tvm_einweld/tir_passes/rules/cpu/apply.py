@@ -31,6 +31,24 @@ from . import ApplyCPURules, dlight_family
 from .gemm import GEMM
 
 
+@tvm.transform.module_pass(opt_level=0, name="KernelsWithoutSymbols")
+def _kernels_without_symbols(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """PrimFuncs called from Relax lose their `global_symbol` (the build's AttachGlobalSymbol
+    names every kernel after its GlobalVar): SplitLayoutRewritePreproc copies a kernel's
+    attributes into the two functions it makes, and one symbol on both fails the build."""
+    if not any(isinstance(f, relax.Function) for _, f in mod.functions_items()):
+        return mod  # a TIR-only module: its symbols are its entry points
+    updates = {gv: f.without_attr("global_symbol") for gv, f in mod.functions_items()
+               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
+               and "global_symbol" in f.attrs}
+    if not updates:
+        return mod
+    mod = mod.clone()
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return mod
+
+
 def ScheduleGEMM(target: Target | str | dict) -> tvm.transform.Pass:  # pylint: disable=invalid-name
     """IRModule pass: the GEMM-class analytic schedule on every matching PrimFunc."""
     return ApplyCPURules(target, [("gemm", dlight_family(GEMM()))])
@@ -50,6 +68,7 @@ def prepack_weights(target: Target | str | dict,
         [
             relax.transform.AttachAttrLayoutFreeBuffers(),
             scheduler,
+            _kernels_without_symbols,
             relax.transform.SplitLayoutRewritePreproc(),
             relax.transform.LiftTransformParams(),
             relax.transform.FoldConstant(),
