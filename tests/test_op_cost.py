@@ -23,8 +23,8 @@ from tvm_einweld.relay_passes.op_cost import (
 def private_cache(monkeypatch):
     """A cache file of this test only, and an empty in-memory cache."""
     name = f"op_times_test_{os.getpid()}.json"
-    monkeypatch.setattr(op_cost, "CACHE_FILE", name)
-    monkeypatch.setattr(op_cost, "_MEMORY", {})
+    monkeypatch.setattr(machine, "TIMES_FILE", name)
+    monkeypatch.setattr(machine, "_TIMES", {})
     yield machine.cache_dir() / name
     (machine.cache_dir() / name).unlink(missing_ok=True)
 
@@ -40,7 +40,7 @@ def test_time_call_is_cached_on_disk(private_cache, monkeypatch):
     key = op_cost.call_key(call, "llvm")
     assert stored[key] == first
     assert "relax.add" in key and "float32[64, 64]" in key
-    op_cost._MEMORY.clear()
+    machine._TIMES.clear()
     assert op_cost.time_call(call) == first  # read back from disk, not measured again
     # A different shape or attribute is a different key.
     other = relax.op.add(a, relax.Var("c", relax.TensorType((1, 64), "float32")))

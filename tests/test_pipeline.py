@@ -110,3 +110,31 @@ def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
         stages(mod)
     assert stages.tuning_check.equal and not stages.tuned
     assert stages.tuning_seconds == (1.0, 2.0)
+
+
+_COMPILE_AND_HASH = """
+import sys, tvm, tvm_einweld
+from tvm_ffi import structural_hash
+from tvm_einweld.commands.demo import builtin_model
+from tvm_einweld.tir_passes.device import host_target
+mod = builtin_model(channels=8, size=10)
+stages = tvm_einweld.EinweldOptimize(host_target(), fuse_options={"topk": 2})
+print(structural_hash(stages(mod)))
+"""
+
+
+def test_the_same_model_compiles_to_the_same_program_in_fresh_processes(tmp_path):
+    """Decisions are measured once and cached on disk (keyed by the operator or subprogram,
+    target and package version), so a second compile in a fresh process, with the first's
+    cache, makes every choice the same way: the optimised modules are identical."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TVM_EINWELD_CACHE=str(tmp_path / "cache"))
+    hashes = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _COMPILE_AND_HASH], env=env,
+                             capture_output=True, text=True, timeout=900, check=True)
+        hashes.append(out.stdout.strip().splitlines()[-1])
+    assert hashes[0] == hashes[1]

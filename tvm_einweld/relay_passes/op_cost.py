@@ -14,9 +14,6 @@
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from functools import lru_cache
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -31,8 +28,6 @@ from ..expr.expression import (
 )
 
 EOP_MAX_INTENSITY = 4.0  # FLOPs per element moved; EinNet §5's threshold
-CACHE_FILE = "op_times.json"
-_MEMORY: Dict[str, object] = {}  # key -> seconds, or (before, after) seconds
 
 
 @dataclass(frozen=True)
@@ -196,24 +191,6 @@ def call_key(call, target: str) -> str:
     return f"{__version__}|{target}|{op}|{args}|{attrs}|{out}"
 
 
-def _load_cache() -> Dict[str, float]:
-    path = machine.cache_dir() / CACHE_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _store(key: str, seconds: float) -> None:
-    stored = _load_cache()  # re-read: other processes may have added entries
-    stored[key] = seconds
-    path = machine.cache_dir() / CACHE_FILE
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(stored, fh, indent=0, sort_keys=True)
-    os.replace(tmp, path)
-
-
 def single_call_module(call):
     """An IRModule whose `main` computes only `call`; the variables it reads (directly or in
     a tuple, as `call_dps_packed` passes them) become parameters, constants stay constants."""
@@ -291,14 +268,7 @@ def measured_gain(before, after, target: str = "llvm", repeats: int = 5
     from .. import __version__
 
     key = f"{__version__}|{target}|modules|{structural_hash(before)}|{structural_hash(after)}"
-    if key not in _MEMORY:
-        stored = _load_cache()
-        if key in stored:
-            _MEMORY[key] = tuple(stored[key])
-        else:
-            _MEMORY[key] = tuple(measure_modules([before, after], target, repeats))
-            _store(key, list(_MEMORY[key]))
-    return _MEMORY[key]
+    return tuple(machine.cached(key, lambda: measure_modules([before, after], target, repeats)))
 
 
 def time_call(call, target: str = "llvm") -> float:
@@ -309,17 +279,7 @@ def time_call(call, target: str = "llvm") -> float:
     `call`'s tensor arguments must have static shapes (variables of a normalised function,
     or constants).
     """
-    key = call_key(call, target)
-    if key in _MEMORY:
-        return _MEMORY[key]
-    stored = _load_cache()
-    if key in stored:
-        _MEMORY[key] = float(stored[key])
-        return _MEMORY[key]
-    seconds = measure_call(call, target)
-    _MEMORY[key] = seconds
-    _store(key, seconds)
-    return seconds
+    return float(machine.cached(call_key(call, target), lambda: measure_call(call, target)))
 
 
 def op_kernel(call, target: str = "llvm", name: Optional[str] = None) -> Kernel:

@@ -48,14 +48,26 @@ def group_arrays(graph: TileGraph, sub: SubGraph, seed: int = 0) -> list[np.ndar
 
 def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
                 min_repeat_ms: int = 5, repeat: int = 3) -> float:
-    """Median seconds of one call of `func` (params: sub.inputs, then sub.output)."""
-    lib = build(func, target)
-    dev = _device(target)
-    out = graph.tensors[sub.output]
-    args = [tvm.runtime.tensor(a, dev) for a in group_arrays(graph, sub)]
-    args.append(tvm.runtime.empty(out.shape, out.dtype, dev))
-    timer = lib.mod.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=int(min_repeat_ms))
-    return float(np.median(timer(*args).results))
+    """Median seconds of one call of `func` (params: sub.inputs, then sub.output), measured
+    once per (kernel, target, package version) and cached on disk (`machine.cached`), so a
+    model compiled again makes the same tile choices."""
+    from tvm_ffi import structural_hash
+
+    from .. import __version__
+    from ..machine import cached
+
+    def measure() -> float:
+        lib = build(func, target)
+        dev = _device(target)
+        out = graph.tensors[sub.output]
+        args = [tvm.runtime.tensor(a, dev) for a in group_arrays(graph, sub)]
+        args.append(tvm.runtime.empty(out.shape, out.dtype, dev))
+        timer = lib.mod.time_evaluator("main", dev, number=1, repeat=repeat,
+                                       min_repeat_ms=int(min_repeat_ms))
+        return float(np.median(timer(*args).results))
+
+    key = f"{__version__}|{tvm.target.Target(target)}|kernel|{structural_hash(func)}"
+    return float(cached(key, measure))
 
 
 def run_reference(graph: TileGraph, sub: SubGraph, arrays, target="llvm") -> np.ndarray:
