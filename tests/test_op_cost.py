@@ -62,13 +62,14 @@ def test_time_taken_on_a_busy_machine_is_kept_so_compiles_repeat(private_cache, 
     assert json.loads(private_cache.read_text())[op_cost.call_key(call, "llvm")] == seconds
 
 
-def test_cache_key_names_the_package_version():
-    """Kernels change between versions: a time measured with older kernels is not reused."""
+def test_cache_key_names_the_package_version_and_its_code():
+    """Kernels change with the code: a time measured with older kernels is not reused."""
     from tvm_einweld import __version__
 
     call = relax.op.add(relax.Var("a", relax.TensorType((8,), "float32")),
                         relax.Var("b", relax.TensorType((8,), "float32")))
-    assert op_cost.call_key(call, "llvm").startswith(f"{__version__}|llvm|")
+    assert op_cost.call_key(call, "llvm").startswith(f"{__version__}+")
+    assert op_cost.call_key(call, "llvm").startswith(machine.code_version() + "|llvm|")
 
 
 def test_bytes_and_intensity():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import platform
@@ -152,6 +153,23 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0
 # --- measured decisions, kept on disk ------------------------------------------------------
 
 TIMES_FILE = "op_times.json"
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """The package version and a digest of its source: measured decisions depend on the
+    kernels the code generates, which change with the code, also between releases of an
+    editable install. Every key of `cached` starts with it."""
+    import hashlib  # pylint: disable=import-outside-toplevel
+
+    from . import __version__  # pylint: disable=import-outside-toplevel
+
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return f"{__version__}+{digest.hexdigest()[:12]}"
 _TIMES: Dict[str, object] = {}
 
 

@@ -182,13 +182,11 @@ def tensor_nbytes(ty) -> int:
 def call_key(call, target: str) -> str:
     """Cache key: package version (its kernels change between versions), target, operator,
     argument shapes/dtypes, attributes, output type."""
-    from .. import __version__
-
     op = getattr(call.op, "name", str(call.op))
     args = ",".join(_describe_arg(a) for a in call.args)
     attrs = " ".join(str(call.attrs).split()) if call.attrs is not None else ""
     out = " ".join(str(list(call.ty_args)).split()) if len(call.ty_args) else ""
-    return f"{__version__}|{target}|{op}|{args}|{attrs}|{out}"
+    return f"{machine.code_version()}|{target}|{op}|{args}|{attrs}|{out}"
 
 
 def single_call_module(call):
@@ -233,29 +231,10 @@ def measure_module(mod, target: str = "llvm", repeats: int = 5) -> float:
 
 
 def measure_modules(mods: Sequence, target: str = "llvm", repeats: int = 5) -> List[float]:
-    """Seconds of each module's `main` (built as in `measure_module`), timed in alternating
-    rounds (a b a b ...) so that a drift of the machine's load hits all alike; each module's
-    best round is kept (other processes only ever add time)."""
-    import tvm
-    from tvm import relax
+    """`tir_passes.measure.measure_modules` (the one home of module timing)."""
+    from ..tir_passes.measure import measure_modules as measure
 
-    from ..tir_passes.fusion import analytic_pipeline
-
-    target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
-    dev = tvm.device(target.get_target_device_type(), 0)
-    calls = []
-    for mod in mods:
-        ex = tvm.compile(mod, target=target, relax_pipeline=analytic_pipeline(target))
-        fn = relax.VirtualMachine(ex, dev)["main"]
-        rng = np.random.default_rng(0)
-        args = [tvm.runtime.tensor(rng.uniform(-1, 1, static_shape(p.ty)).astype(str(p.ty.dtype)),
-                                   dev) for p in mod["main"].params]
-        calls.append(lambda fn=fn, args=args: fn(*args))
-    best = [float("inf")] * len(calls)
-    for _ in range(repeats):
-        for k, call in enumerate(calls):
-            best[k] = min(best[k], best_seconds(call, repeats=1))
-    return best
+    return measure(mods, target, repeats)
 
 
 def measured_gain(before, after, target: str = "llvm", repeats: int = 5
@@ -265,9 +244,7 @@ def measured_gain(before, after, target: str = "llvm", repeats: int = 5
     same model is compiled again, whatever the machine's load then."""
     from tvm_ffi import structural_hash
 
-    from .. import __version__
-
-    key = f"{__version__}|{target}|modules|{structural_hash(before)}|{structural_hash(after)}"
+    key = f"{machine.code_version()}|{target}|modules|{structural_hash(before)}|{structural_hash(after)}"
     return tuple(machine.cached(key, lambda: measure_modules([before, after], target, repeats)))
 
 

@@ -28,7 +28,7 @@ from .codegen import Unsupported, block_sub_tiles, group_prim_func, schedule_gro
 from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, cpu_device, device_for_target
 from .localize import LocalizeError
-from .measure import CheckResult, check_group, time_kernel
+from .measure import CheckResult, check_group, time_alone, time_kernel
 from .scheduler import (Candidate, GraphPlan, estimated_seconds, graph_connecting,
                         subgraph_tiling)
 from .tile_graph import SubGraph, TileGraph, build_tile_graph, subgraph
@@ -217,17 +217,17 @@ class TileGraphFusion:
         return out
 
     def _alone(self, graph):
-        """Seconds of a single node's analytic kernel (`rules.cpu.schedule_cpu`), measured,
-        or None when no rule claims it or it cannot be timed."""
+        """Seconds of a single node's analytic kernel (`rules.cpu.schedule_cpu`, constant
+        weights packed at compile time: `measure.time_alone`), or None when no rule claims it
+        or it cannot be timed."""
         from .rules.cpu import schedule_cpu
 
         def alone(sub: SubGraph):
-            result = schedule_cpu(sub.nodes[0].func, self.target)
-            if result is None or not self.measure:
+            if not self.measure or schedule_cpu(sub.nodes[0].func, self.target) is None:
                 return None
             self._measured += 1
             try:
-                return time_kernel(result[1], graph, sub, self.target)
+                return time_alone(graph, sub, self.target)
             except Exception as err:  # pylint: disable=broad-except  # unbuildable = unusable
                 logger.info("analytic kernel of %s did not build: %s", sub.names, err)
                 return None

@@ -53,8 +53,7 @@ def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
     model compiled again makes the same tile choices."""
     from tvm_ffi import structural_hash
 
-    from .. import __version__
-    from ..machine import cached
+    from ..machine import cached, code_version
 
     def measure() -> float:
         lib = build(func, target)
@@ -66,8 +65,70 @@ def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
                                        min_repeat_ms=int(min_repeat_ms))
         return float(np.median(timer(*args).results))
 
-    key = f"{__version__}|{tvm.target.Target(target)}|kernel|{structural_hash(func)}"
+    key = f"{code_version()}|{tvm.target.Target(target)}|kernel|{structural_hash(func)}"
     return float(cached(key, measure))
+
+
+def measure_modules(mods, target, repeats: int = 5) -> list[float]:
+    """Seconds of each Relax module's `main` built as the einweld pipeline builds kernels
+    (`fusion.analytic_pipeline`: analytic schedules, constant weights packed at compile time),
+    timed in alternating rounds (a b a b ...) so that a drift of the machine's load hits all
+    alike; each module's best round is kept (other processes only ever add time)."""
+    from tvm import relax
+
+    from ..machine import best_seconds
+    from .fusion import analytic_pipeline
+
+    target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    dev = tvm.device(target.get_target_device_type(), 0)
+    calls = []
+    for mod in mods:
+        ex = tvm.compile(mod, target=target, relax_pipeline=analytic_pipeline(target))
+        fn = relax.VirtualMachine(ex, dev)["main"]
+        rng = np.random.default_rng(0)
+        args = [tvm.runtime.tensor(random_array(tuple(int(v) for v in p.ty.shape.values),
+                                                str(p.ty.dtype), rng), dev)
+                for p in mod["main"].params]
+        calls.append(lambda fn=fn, args=args: fn(*args))
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for k, call in enumerate(calls):
+            best[k] = min(best[k], best_seconds(call, repeats=1))
+    return best
+
+
+def time_alone(graph: TileGraph, sub: SubGraph, target) -> float:
+    """Seconds of a single node's kernel as the pipeline builds it outside any tile group:
+    its PrimFunc called from Relax with the graph's real constants, scheduled by the analytic
+    rules with those constants packed at compile time (timing the bare scheduled PrimFunc
+    would charge the packing of constant weights to every call). Cached like `time_kernel`."""
+    from tvm import relax
+    from tvm_ffi import structural_hash
+
+    from ..machine import cached, code_version
+
+    node = sub.nodes[0]
+    params, args = [], []
+    for name in node.inputs:
+        expr = graph.exprs[name]
+        if isinstance(expr, relax.Var):
+            tensor = graph.tensors[name]
+            var = relax.Var(name, relax.TensorType(tensor.shape, tensor.dtype))
+            params.append(var)
+            args.append(var)
+        else:
+            args.append(expr)
+    out = graph.tensors[node.output]
+    bb = relax.BlockBuilder()
+    kernel = bb.add_func(node.func, "kernel")
+    with bb.function("main", params):
+        with bb.dataflow():
+            result = bb.emit_output(relax.call_tir(kernel, args,
+                                                   relax.TensorType(out.shape, out.dtype)))
+        bb.emit_func_output(result)
+    mod = bb.get()
+    key = f"{code_version()}|{tvm.target.Target(target)}|alone|{structural_hash(mod)}"
+    return float(cached(key, lambda: measure_modules([mod], target, repeats=3)[0]))
 
 
 def run_reference(graph: TileGraph, sub: SubGraph, arrays, target="llvm") -> np.ndarray:
