@@ -313,6 +313,12 @@ def render(rows: Sequence[Row], meta: dict) -> str:
     ]
     if meta.get("not_run"):
         lines.append(f"- not run: {meta['not_run']}")
+    for run in meta.get("earlier_runs", []):
+        lines.append(f"- rows from an earlier run (`--resume`): `{run['command']}` at commit "
+                     f"{run['commit']}, started {run['started']}, load average at start "
+                     f"{run['load_start']}, at end {run.get('load_end', '(interrupted)')}; "
+                     f"wall time {run.get('wall_min', 0):.0f} min"
+                     + (f"; not run: {run['not_run']}" if run.get("not_run") else ""))
     lines += ["", "## Summary", ""] + summary_lines(rows) + [
         "",
         "## Models",
@@ -336,11 +342,14 @@ def write(rows: Sequence[Row], meta: dict, output: Path) -> None:
         {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows]}, indent=1))
 
 
-def read_rows(path: Path) -> list[Row]:
+def read_previous(path: Path) -> tuple[list[Row], list[dict]]:
+    """The rows of an earlier run's .json and the descriptions of the runs that measured them."""
     if not path.exists():
-        return []
+        return [], []
     data = json.loads(path.read_text())
-    return [Row(**{**r, "notes": tuple(r["notes"])}) for r in data["rows"]]
+    meta = dict(data["meta"])
+    runs = meta.pop("earlier_runs", []) + [meta]
+    return [Row(**{**r, "notes": tuple(r["notes"])}) for r in data["rows"]], runs
 
 
 # ---- command line ---------------------------------------------------------------------------
@@ -393,7 +402,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     output = args.output or (Path(tempfile.mkdtemp(prefix="onnx_backend_")) / "onnx_backend.md"
                              if args.quick else DEFAULT_OUTPUT)
-    rows = read_rows(output.with_suffix(".json")) if args.resume else []
+    rows, earlier_runs = read_previous(output.with_suffix(".json")) if args.resume else ([], [])
     done = {r.key for r in rows}
     jobs = [(e, w) for e, w in select(args) if (e.name, w) not in done]
     command = "python benchmarks/onnx_backend.py " + " ".join(
@@ -401,7 +410,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = {"command": command.strip(), "commit": commit_line(), "machine": machine_line(),
             "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_start": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
-            "repeats": args.repeats, "not_run": args.not_run}
+            "repeats": args.repeats, "not_run": args.not_run, "earlier_runs": earlier_runs}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="onnx_backend_work_") as work:
         for k, (entry, weights) in enumerate(jobs, 1):
