@@ -28,11 +28,11 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -97,7 +97,6 @@ def worker_tvm(entry: ob.BackendModel, weights: str, repeats: int, out: Path) ->
     import tvm
     from tvm import relax
 
-    import tvm_einweld  # noqa: F401  registers the pipeline
     from tvm_einweld.tir_passes.device import host_target
 
     prepared = ob.prepare(entry, weights, RANDOM_SEED)
@@ -105,18 +104,14 @@ def worker_tvm(entry: ob.BackendModel, weights: str, repeats: int, out: Path) ->
     imported = ob.import_model(prepared.proto)
     if not imported.imported:
         return {**result, "imported": False, "reason": imported.reason}
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            executable = tvm.compile(imported.mod, host_target(), relax_pipeline="einweld")
-        except Exception as err:  # pylint: disable=broad-except
-            return {**result, "imported": True, "reason": f"not compiled: {ob.describe_error(err)}"}
-    result["compile_s"] = time.perf_counter() - start
+    compiled = ob.compile_model(imported.mod, host_target())
+    if not compiled.compiled:
+        return {**result, "imported": True, "reason": compiled.reason}
+    result["compile_s"] = compiled.seconds
     # A stage whose module disagreed with its input was dropped: the answer is still checked,
     # but the table says which stage the pipeline fell back from.
-    result["notes"] += [f"fell back: {str(w.message).split(':', 1)[0]}" for w in caught
-                        if "falling back" in str(w.message)]
+    result["notes"] += [f"fell back: {stage}" for stage in compiled.fallbacks]
+    executable = compiled.executable
     inputs = _inputs(entry, prepared)
     main = relax.VirtualMachine(executable, tvm.cpu())["main"]
     args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in prepared.input_names]
@@ -219,7 +214,12 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
 
 
 # ---- the report -----------------------------------------------------------------------------
-def commit_line() -> str:
+def commit_line(given: Optional[str] = None) -> str:
+    """HEAD of the checkout the benchmark runs from (noting uncommitted changes to the code it
+    measures), or `given` when it runs from an exported copy of a commit."""
+    if given:
+        return given
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
                               check=False).stdout.strip()
@@ -263,7 +263,7 @@ def summary_lines(rows: Sequence[Row]) -> list[str]:
     compile_times = sorted((r.compile_s, r.model) for r in rows if r.compile_s is not None)
     lines = [f"- rows: {len(rows)} ({len({r.model for r in rows})} models); imported "
              f"{len(imported)}, not imported {len(rows) - len(imported)}; equal "
-             f"{len(equal)}, NOT equal {len(unequal)}, imported but not compared "
+             f"{len(equal)}, NOT equal {len(unequal)}, imported but not built "
              f"{len(failed)}"]
     if compared:
         worst = max(compared, key=lambda r: r.max_rel_error)
@@ -273,12 +273,12 @@ def summary_lines(rows: Sequence[Row]) -> list[str]:
         total = sum(t for t, _ in compile_times)
         lines.append(f"- compile time: total {total / 60:.1f} min, median "
                      f"{compile_times[len(compile_times) // 2][0]:.1f} s, longest "
-                     f"{compile_times[-1][0]:.0f} s ({compile_times[-1][1]})")
+                     f"{compile_times[-1][0]:.1f} s ({compile_times[-1][1]})")
     for row in unequal:
         lines.append(f"- **NOT equal**: {row.model} ({row.weights} weights): "
                      f"{'; '.join(row.notes)}")
     for row in failed:
-        lines.append(f"- imported but not compared: {row.model} ({row.weights}): {row.reason}")
+        lines.append(f"- imported but not built: {row.model} ({row.weights}): {row.reason}")
     for row in rows:
         if not row.imported:
             lines.append(f"- not imported: {row.model}: {row.reason}")
@@ -366,6 +366,10 @@ def select(args: argparse.Namespace) -> list[tuple[ob.BackendModel, str]]:
     return sorted(jobs, key=lambda job: (job[0].is_light, job[1] != "own"))
 
 
+def _interrupt(signum, frame) -> None:  # pylint: disable=unused-argument
+    raise KeyboardInterrupt
+
+
 def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -386,6 +390,9 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="keep the rows already in the output's .json, measure the rest")
     parser.add_argument("--not-run", default="", help="a sentence for the report saying what "
                         "this run left out")
+    parser.add_argument("--commit", default=None,
+                        help="the commit this copy of the code was exported from (`git archive`), "
+                        "when it does not run from a git checkout")
     parser.add_argument("--work-dir", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -407,23 +414,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     jobs = [(e, w) for e, w in select(args) if (e.name, w) not in done]
     command = "python benchmarks/onnx_backend.py " + " ".join(
         map(shlex.quote, argv if argv is not None else sys.argv[1:]))
-    meta = {"command": command.strip(), "commit": commit_line(), "machine": machine_line(),
+    meta = {"command": command.strip(), "commit": commit_line(args.commit), "machine": machine_line(),
             "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_start": ", ".join(f"{x:.1f}" for x in os.getloadavg()),
             "repeats": args.repeats, "not_run": args.not_run, "earlier_runs": earlier_runs}
     started = time.time()
-    with tempfile.TemporaryDirectory(prefix="onnx_backend_work_") as work:
-        for k, (entry, weights) in enumerate(jobs, 1):
-            print(f"[{k}/{len(jobs)}] {entry.name} ({weights})", flush=True)
-            row = measure(entry, weights, args.repeats, Path(work), args.timeout)
-            print(f"    imported={row.imported} equal={row.equal} "
-                  f"err={_fmt(row.max_rel_error, '.2g')} compile={_fmt(row.compile_s, '.1f')} s "
-                  f"einweld={_fmt(row.einweld_ms, '.3g')} ms "
-                  f"onnxruntime={_fmt(row.onnxruntime_ms, '.3g')} ms {row.reason or ''}",
-                  flush=True)
-            rows.append(row)
-            meta["wall_min"] = (time.time() - started) / 60
-            write(rows, meta, output)
+    # SIGTERM (or Ctrl-C) ends the run between models: the rows so far are kept and the
+    # report lists the rows not measured.
+    signal.signal(signal.SIGTERM, _interrupt)
+    pending = list(jobs)
+    try:
+        with tempfile.TemporaryDirectory(prefix="onnx_backend_work_") as work:
+            for k, (entry, weights) in enumerate(jobs, 1):
+                print(f"[{k}/{len(jobs)}] {entry.name} ({weights})", flush=True)
+                row = measure(entry, weights, args.repeats, Path(work), args.timeout)
+                print(f"    imported={row.imported} equal={row.equal} "
+                      f"err={_fmt(row.max_rel_error, '.2g')} "
+                      f"compile={_fmt(row.compile_s, '.1f')} s "
+                      f"einweld={_fmt(row.einweld_ms, '.3g')} ms "
+                      f"onnxruntime={_fmt(row.onnxruntime_ms, '.3g')} ms {row.reason or ''}",
+                      flush=True)
+                rows.append(row)
+                pending.pop(0)
+                meta["wall_min"] = (time.time() - started) / 60
+                write(rows, meta, output)
+    except KeyboardInterrupt:
+        left = ", ".join(f"{e.name} ({w} weights)" for e, w in pending)
+        meta["not_run"] = "; ".join(filter(None, [
+            args.not_run, f"the run was stopped before {len(pending)} rows: {left}"]))
+        print(f"stopped; {len(pending)} rows not run", flush=True)
     meta["load_end"] = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     meta["wall_min"] = (time.time() - started) / 60
     write(rows, meta, output)

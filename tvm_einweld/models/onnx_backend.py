@@ -36,6 +36,9 @@ import io
 import os
 import re
 import tempfile
+import time
+import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -400,6 +403,65 @@ def import_model(model: onnx.ModelProto) -> ImportResult:
         return ImportResult(None, f"not imported: {where}{describe_error(err)}")
 
 
+@dataclass(frozen=True)
+class CompileResult:
+    """`tvm.compile(mod, target, relax_pipeline="einweld")` on one module.
+
+    `reason` is None when it built; otherwise "not compiled: ..." and whether stock
+    `tvm.compile(mod, target)` builds the same module (if it does, the failure is the einweld
+    pipeline's). `fallbacks` name the stages whose module disagreed with their input, which
+    the pipeline dropped (its answer is then that of the module it was given).
+    """
+
+    executable: object = field(default=None, compare=False, repr=False)
+    seconds: Optional[float] = None
+    reason: Optional[str] = None
+    fallbacks: tuple[str, ...] = ()
+
+    @property
+    def compiled(self) -> bool:
+        return self.reason is None
+
+
+def compile_model(mod, target=None) -> CompileResult:
+    """Build `mod` with the einweld pipeline for `target` (default: `host_target()`), timing it
+    and recording the stages it fell back from; a build error becomes a `reason`."""
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    from .. import einweld_pipeline  # pylint: disable=import-outside-toplevel
+
+    einweld_pipeline.register()
+    if target is None:
+        from ..tir_passes.device import host_target  # pylint: disable=import-outside-toplevel
+
+        target = host_target()
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            executable = tvm.compile(mod, target, relax_pipeline="einweld")
+        except Exception as err:  # pylint: disable=broad-except
+            seconds, error = time.perf_counter() - start, describe_error(err)
+            return CompileResult(None, seconds, f"not compiled: {error}"
+                                                f"{_stock_verdict(mod, target, error)}")
+    fallbacks = tuple(dict.fromkeys(str(w.message).split(":", 1)[0] for w in caught
+                                    if "falling back" in str(w.message)))
+    return CompileResult(executable, time.perf_counter() - start, None, fallbacks)
+
+
+def _stock_verdict(mod, target, einweld_error: str) -> str:
+    """Whether stock TVM builds a module the einweld pipeline did not."""
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    try:
+        tvm.compile(mod, target)
+    except Exception as err:  # pylint: disable=broad-except
+        error = describe_error(err)
+        return (" (stock tvm.compile fails the same way)" if error == einweld_error
+                else f" (stock tvm.compile fails too: {error})")
+    return " (stock tvm.compile builds it: an einweld pipeline failure)"
+
+
 def run_tvm(executable, inputs: dict[str, np.ndarray], input_names: Sequence[str]
             ) -> list[np.ndarray]:
     """Run a compiled module's `main` on the inputs (by graph input order); outputs in order."""
@@ -492,9 +554,20 @@ def onnxruntime_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray]
 
 
 def describe_error(err: BaseException) -> str:
-    """A one-line reason: `Type: first non-empty line of the message`, at most 200 characters."""
+    """A one-line reason: `Type: first non-empty line of the message`, at most 200 characters.
+    An error without a message (a bare `assert` in TOPI) is described by the line that raised
+    it: `AssertionError at topi/nn/elemwise.py:137: assert ...`."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     # onnxruntime prefixes every message with "[ONNXRuntimeError] : <code> : <NAME> : ".
     message = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", lines[0]) if lines else ""
-    text = f"{type(err).__name__}: {message or '(no message)'}"
+    if message:
+        text = f"{type(err).__name__}: {message}"
+    else:
+        frames = traceback.extract_tb(err.__traceback__)
+        where = ": (no message)"
+        if frames:
+            frame = frames[-1]
+            path = "/".join(Path(frame.filename).parts[-3:])
+            where = f" at {path}:{frame.lineno}: {(frame.line or '').strip()}"
+        text = f"{type(err).__name__}{where}"
     return text if len(text) <= 200 else text[:197] + "..."
