@@ -22,8 +22,9 @@ setup(
         "cloudpickle",
     ],
     extras_require={
-        # tornado: TVM's RPC tracker (tests tune through RPC on loopback); matplotlib: charts
-        "test": ["pytest", "onnxruntime", "tornado", "matplotlib"],
+        # tornado: TVM's RPC tracker (tests tune through RPC on loopback); matplotlib: charts;
+        # openvino: the benchmark harness's OpenVINO runners are tested too
+        "test": ["pytest", "onnxruntime", "tornado", "matplotlib", "openvino"],
         "plot": ["matplotlib"],
         # the peers the zoo benchmark compares with (each runner says when it is missing)
         "bench": ["onnxruntime", "openvino", "matplotlib"],
