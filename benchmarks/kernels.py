@@ -47,7 +47,6 @@ import os
 import shlex
 import statistics
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -567,75 +566,69 @@ TRIALS = 64
 
 
 # ==== the machine: FMA peak and copy bandwidth ==================================================
-def copy_gbs(nbytes: int, threads: int, repeats: int = 7, min_seconds: float = 0.02) -> float:
-    """GB/s (read + written) of `threads` threads each copying its share of `nbytes` (half
-    source, half destination) over and over: the bandwidth of the cache level a working set of
-    `nbytes` lives in (np.copyto releases the GIL). Best of `repeats`."""
-    per = max(1024, nbytes // 8 // threads)  # float32 elements per thread and buffer
-    buffers = [(np.ones(per, np.float32), np.empty(per, np.float32)) for _ in range(threads)]
-    loops = 1
-    while True:  # calibrate: one measurement lasts at least min_seconds
-        seconds = _copy_once(buffers, loops)
-        if seconds >= min_seconds:
-            break
-        loops = max(loops * 2, int(loops * min_seconds / max(seconds, 1e-6)))
-    best = min(_copy_once(buffers, loops) for _ in range(repeats))
-    return 2 * 4 * per * threads * loops / best / 1e9
-
-
-def _copy_once(buffers, loops: int) -> float:
-    barrier = threading.Barrier(len(buffers) + 1)
-
-    def work(src: np.ndarray, dst: np.ndarray) -> None:
-        barrier.wait()
-        for _ in range(loops):
-            np.copyto(dst, src)
-
-    workers = [threading.Thread(target=work, args=pair) for pair in buffers]
-    for w in workers:
-        w.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for w in workers:
-        w.join()
-    return time.perf_counter() - start
+def copy_gbs(nbytes: int, threads: int) -> float:
+    """GB/s (read + written) of a copy of a working set of `nbytes` on `threads` cores."""
+    return machine.measure_native_copy_gbs(int(nbytes), threads, 0.05, 7) or float("nan")
 
 
 @dataclass(frozen=True)
 class MachineLine:
+    """Peaks measured at the start and at the end of the run (each the best of 10 runs): other
+    jobs on a shared machine only ever lower a peak, so the reference is the highest."""
+
     cpu: str
     cores: int  # physical cores the runtimes get
     caches: dict[str, int]
     fma_isa: str
-    fma_gflops_one_core: float
-    fma_gflops_all_cores: float
-    copy_gbs_large: float  # 256 MiB working set, all cores
-    copy_gbs_l2: float  # a working set of half the L2 of the cores used, all cores
+    fma_one_core: tuple[float, ...]  # GFLOP/s, one per measurement
+    fma_all_cores: tuple[float, ...]
+    copy_large: tuple[float, ...]  # GB/s, 256 MiB working set, all cores
+    copy_l2: tuple[float, ...]  # GB/s, half the L2 of the cores used, all cores
     numpy_profile: str  # machine.profile().describe(): the project's machine line
-    load: tuple[float, float, float]  # load averages when measured
+    loads: tuple[tuple[float, float, float], ...]  # load averages at each measurement
+
+    @property
+    def peak_gflops(self) -> float:
+        """The FMA peak every GFLOP/s is held against: the all-core measurement, or the cores
+        times the one-core peak where that is higher (the all-core loop reads low while other
+        jobs hold a core)."""
+        return max(max(self.fma_all_cores, default=0.0),
+                   self.cores * max(self.fma_one_core, default=0.0))
 
     def describe(self) -> str:
         caches = ", ".join(f"{k} {v // 1024} KiB" for k, v in self.caches.items())
         return (f"{self.cpu}, {self.cores} physical cores ({caches}); FMA peak "
-                f"({self.fma_isa}) {self.fma_gflops_one_core:.0f} GFLOP/s one core, "
-                f"{self.fma_gflops_all_cores:.0f} all cores; copy {self.copy_gbs_large:.1f} GB/s "
-                f"(256 MiB), {self.copy_gbs_l2:.1f} GB/s (L2-resident), all cores")
+                f"({self.fma_isa}, fp32) {max(self.fma_one_core, default=0):.0f} GFLOP/s one "
+                f"core, {max(self.fma_all_cores, default=0):.0f} all cores (measured: "
+                f"{_samples(self.fma_one_core)} / {_samples(self.fma_all_cores)}); "
+                f"reference peak {self.peak_gflops:.0f} GFLOP/s; copy on all cores "
+                f"{max(self.copy_large, default=0):.1f} GB/s (256 MiB), "
+                f"{max(self.copy_l2, default=0):.1f} GB/s (L2-resident)")
+
+    def remeasured(self) -> "MachineLine":
+        again = measure_machine_line(self.cores, profile=self.numpy_profile)
+        return dataclasses.replace(
+            self, fma_one_core=self.fma_one_core + again.fma_one_core,
+            fma_all_cores=self.fma_all_cores + again.fma_all_cores,
+            copy_large=self.copy_large + again.copy_large, copy_l2=self.copy_l2 + again.copy_l2,
+            loads=self.loads + again.loads)
 
 
-def measure_machine_line(threads: int) -> MachineLine:
-    """Peaks are maxima over repeated runs: other jobs on a shared machine only ever lower
-    them."""
+def _samples(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:.0f}" for v in values)
+
+
+def measure_machine_line(threads: int, profile: Optional[str] = None) -> MachineLine:
     load = os.getloadavg()
-    one = [p for p in (machine.measure_fma_peak(1, 0.1, 10) for _ in range(2)) if p]
-    every = [p for p in (machine.measure_fma_peak(threads, 0.1, 10) for _ in range(2)) if p]
+    one = machine.measure_fma_peak(1, 0.1, 10)
+    every = machine.measure_fma_peak(threads, 0.1, 10)
     caches = machine.cache_sizes()
-    l2 = caches.get("L2", 1 << 20)
     return MachineLine(
-        machine.cpu_model(), threads, caches, one[0].isa if one else "none (no gcc)",
-        max((p.gflops for p in one), default=float("nan")),
-        max((p.gflops for p in every), default=float("nan")),
-        copy_gbs(256 << 20, threads, repeats=3), copy_gbs(threads * l2 // 2, threads),
-        machine.profile().describe(), load)
+        machine.cpu_model(), threads, caches, (one or every).isa if one or every else "none",
+        (one.gflops,) if one else (), (every.gflops,) if every else (),
+        (copy_gbs(256 << 20, threads),), (copy_gbs(threads * caches.get("L2", 1 << 20) // 2,
+                                                   threads),),
+        profile or machine.profile().describe(), (load,))
 
 
 # ==== measuring =================================================================================
@@ -649,6 +642,7 @@ class Cell:
     rounds: tuple[float, ...] = ()
     prepare_seconds: Optional[float] = None
     settings: tuple[tuple[str, str], ...] = ()
+    one_call: bool = False  # slower than Plan.slow_call: `seconds` is its first call, not rounds
 
 
 @dataclass(frozen=True)
@@ -681,6 +675,9 @@ class Plan:
     threads: int = 1
     budget_seconds: float = 3600.0  # metaschedule rows are tuned while this allows
     prepare_timeout: float = 1800.0
+    # A runner whose first call takes longer (stock untuned TVM on the large GEMMs: seconds)
+    # is not put through the rounds; its first call is reported, marked as one call.
+    slow_call: float = 1.0
 
 
 class Workers:
@@ -717,7 +714,7 @@ def measure_row(kernel: Kernel, specs: Sequence[RunnerSpec], workers: Workers, p
     model = kernel.model
     inputs = random_inputs(model, seed=0)
     expected = reference_outputs(model, inputs)
-    bandwidth = copy_gbs(int(kernel.bytes), plan.threads) if kernel.section == MEMORY else None
+    copy_before = copy_gbs(kernel.bytes, plan.threads) if kernel.section == MEMORY else None
     cells: dict[str, Cell] = {}
     ready: dict[str, WorkerProcess] = {}
     for spec in specs:
@@ -742,7 +739,10 @@ def measure_row(kernel: Kernel, specs: Sequence[RunnerSpec], workers: Workers, p
                                 settings=prepared.settings)
         log(f"  {spec.name}: {status} ({agreement.detail}), prepared in "
             f"{prepared.prepare_seconds:.1f} s")
-        if status == OK:
+        if status == OK and prepared.call_seconds > plan.slow_call:
+            cells[spec.name] = dataclasses.replace(cells[spec.name],
+                                                   seconds=prepared.call_seconds, one_call=True)
+        elif status == OK:
             ready[spec.name] = worker
 
     problems: dict[str, tuple[str, str]] = {}  # runner -> (status, detail)
@@ -770,6 +770,9 @@ def measure_row(kernel: Kernel, specs: Sequence[RunnerSpec], workers: Workers, p
     for name, timing in timings.items():
         cells[name] = dataclasses.replace(cells[name], seconds=timing.median,
                                           spread=timing.spread, rounds=timing.samples)
+    # The copy is measured before and after the timing; the higher figure is the reference.
+    bandwidth = (max(copy_before, copy_gbs(kernel.bytes, plan.threads))
+                 if copy_before is not None else None)
     row = Row(kernel.key, kernel.label, kernel.section, kernel.where, kernel.flops, kernel.bytes,
               tuple(cells[s.name] for s in specs), bandwidth, load_before, os.getloadavg()[0],
               time.monotonic() - start)
@@ -788,9 +791,12 @@ def _ms(seconds: Optional[float]) -> str:
 
 
 def run_rows(kernels: Sequence[Kernel], specs: Sequence[RunnerSpec], plan: Plan,
-             work_dir: Path, log: Callable[[str], None]) -> tuple[list[Row], list[str]]:
+             work_dir: Path, log: Callable[[str], None],
+             progress: Callable[[list[Row], list[str]], None] = lambda rows, untuned: None
+             ) -> tuple[list[Row], list[str]]:
     """Memory-bound and fused rows first, then the GEMM rows in tuning order; a GEMM row is
-    tuned (metaschedule-64) when its database is cached or the time left allows it."""
+    tuned (metaschedule-64) when its database is cached or the time left allows it.
+    `progress` gets the rows so far after each row (the report is written as it grows)."""
     started = time.monotonic()
     gemm = tuning_order([k for k in kernels if k.section == GEMM])
     order = [k for k in kernels if k.section != GEMM] + gemm
@@ -808,18 +814,30 @@ def run_rows(kernels: Sequence[Kernel], specs: Sequence[RunnerSpec], plan: Plan,
             if tuner in applicable:
                 cached = (work_dir / kernel.key / tuner.name / TUNED_MARK).exists()
                 left = plan.budget_seconds - (time.monotonic() - started)
-                rest = (len(order) - index + 1) * (statistics.mean(row_seconds) if row_seconds
-                                                   else 45.0)
+                gemm_left = len(order) - index + 1  # GEMM rows come last
+                rest = gemm_left * (statistics.mean(row_seconds) if row_seconds else 30.0)
                 tune = statistics.mean(tune_seconds) if tune_seconds else TRIALS * 1.5 + 60
                 if not cached and rest + tune > left:
                     skipped[tuner.name] = "not tuned: time budget"
                     untuned.append(kernel.label)
             log(f"[{index}/{len(order)}] {kernel.label} ({kernel.where}; "
                 f"{kernel.flops / 1e6:.1f} MFLOP, {kernel.bytes / 2**10:.0f} KiB)")
-            row = measure_row(kernel, applicable, workers, plan, work_dir, skipped, log)
+            try:
+                row = measure_row(kernel, applicable, workers, plan, work_dir, skipped, log)
+            except Exception as err:  # a row that breaks the harness is reported, not fatal
+                log(f"  row failed: {error_line(err)}")
+                row = Row(kernel.key, kernel.label, kernel.section, kernel.where, kernel.flops,
+                          kernel.bytes, tuple(Cell(s.name, FAILED, f"row: {error_line(err)}")
+                                              for s in applicable), None, os.getloadavg()[0],
+                          os.getloadavg()[0], 0.0)
             rows.append(row)
+            position = {k.key: i for i, k in enumerate(kernels)}
+            progress(sorted(rows, key=lambda r: position[r.kernel]), untuned)
             tuned = row.cell(tuner.name) if tuner else None
-            if tuned is not None and tuned.status != SKIPPED:
+            if kernel.section != GEMM:
+                continue
+            if tuned is not None and tuned.status != SKIPPED and "reused" not in \
+                    dict(tuned.settings).get("database", ""):
                 tune_seconds.append(tuned.prepare_seconds or 0.0)
                 row_seconds.append(row.seconds - (tuned.prepare_seconds or 0.0))
             else:
@@ -836,6 +854,7 @@ class Report:
     command: str
     date: str
     quick: bool
+    repeats: int  # timed rounds per runner and row
     machine: MachineLine
     threads: int
     load_start: tuple[float, float, float]
@@ -852,6 +871,15 @@ def _geomean(values: Sequence[float]) -> Optional[float]:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
+def _rule(row: Row) -> str:
+    """Which analytic rule scheduled einweld's kernels (none: stock TVM's default), and
+    whether TileGraphFusion made a tile kernel of several nodes."""
+    cell = row.cell(EINWELD.name)
+    settings = dict(cell.settings) if cell else {}
+    rule = settings.get("rules", "?")
+    return rule + (" + tile group" if settings.get("fused_groups", "0") != "0" else "")
+
+
 def _speedup(row: Row, base: str = ONNXRUNTIME.name) -> Optional[float]:
     ours, theirs = row.time(EINWELD.name), row.time(base)
     return theirs / ours if ours and theirs else None
@@ -862,7 +890,7 @@ def _cell_text(row: Row, runner: str, unit: Callable[[float], str]) -> str:
     if c is None:
         return ""
     if c.status == OK and c.seconds is not None:
-        return unit(c.seconds)
+        return unit(c.seconds) + (" (1 call)" if c.one_call else "")
     if c.status == SKIPPED:
         return "not tuned" if "budget" in c.detail else "skipped"
     return f"**{c.status.upper()}**"
@@ -878,13 +906,13 @@ def _ratio(x: Optional[float]) -> str:
 
 def render(report: Report) -> str:
     m = report.machine
-    peak = m.fma_gflops_all_cores * 1e9
+    peak = m.peak_gflops * 1e9
     rows = report.rows
     gemm = [r for r in rows if r.section == GEMM]
     memory = [r for r in rows if r.section == MEMORY]
     fused = [r for r in rows if r.section == FUSED]
-    loaded = max(report.load_start[0], report.load_end[0], *(r.load_before for r in rows),
-                 *(r.load_after for r in rows)) >= 0.5 * report.threads
+    loads = [x for r in rows for x in (r.load_before, r.load_after)] or [report.load_start[0]]
+    loaded = max(report.load_start[0], report.load_end[0], *loads) >= 0.5 * report.threads
     lines = [
         "# Single kernels: tvm_einweld vs onnxruntime, numpy, stock TVM and the machine",
         "",
@@ -893,9 +921,9 @@ def render(report: Report) -> str:
         f"Machine: {m.describe()}  ",
         f"Project machine line: {m.numpy_profile}  ",
         f"Load average (1/5/15 min): {_load(report.load_start)} at the start, "
-        f"{_load(report.load_end)} at the end; per row in the JSON (`load_before`/`load_after`), "
-        f"1-min range {min(r.load_before for r in rows):.1f}-"
-        f"{max(r.load_after for r in rows):.1f}.",
+        f"{_load(report.load_end)} at the end; over the rows (1-min, before and after each, "
+        f"in the JSON) median {statistics.median(loads):.1f}, range {min(loads):.1f}-"
+        f"{max(loads):.1f}, on {report.threads} cores.",
         "",
     ]
     if loaded:
@@ -907,12 +935,12 @@ def render(report: Report) -> str:
     lines += _summary(report, gemm, memory, fused, peak)
     lines += ["", "## GEMM-class and convolution kernels", "",
               f"GFLOP/s = 2 x multiply-adds / median time; % peak = of the {report.threads}-core "
-              f"FMA peak ({m.fma_gflops_all_cores:.0f} GFLOP/s). ours/ORT = onnxruntime time / "
+              f"FMA peak ({m.peak_gflops:.0f} GFLOP/s, see the machine line). ours/ORT = onnxruntime time / "
               "einweld time (above 1: einweld faster). * marks M*N*K >= 2^24 (the 80 % target's "
               "scope). Times are medians of alternating rounds.", "",
               "| kernel | in | MFLOP | einweld | GFLOP/s | % peak | onnxruntime | GFLOP/s | "
-              "% peak | ours/ORT | numpy | tvm-untuned | metaschedule-64 |",
-              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+              "% peak | ours/ORT | numpy | tvm-untuned | metaschedule-64 | einweld rule |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for r in gemm:
         ours, ort = r.time(EINWELD.name), r.time(ONNXRUNTIME.name)
         lines.append(" | ".join([
@@ -924,15 +952,16 @@ def render(report: Report) -> str:
             f"{r.flops / ort / 1e9:.1f}" if ort else "-",
             _pct(r.flops / ort / peak) if ort else "-",
             _ratio(_speedup(r)), _cell_text(r, NUMPY.name, _ms),
-            _cell_text(r, TVM_UNTUNED.name, _ms), _cell_text(r, METASCHEDULE.name, _ms)]) + " |")
+            _cell_text(r, TVM_UNTUNED.name, _ms), _cell_text(r, METASCHEDULE.name, _ms),
+            _rule(r)]) + " |")
     lines += ["", "## Memory-bound kernels", "",
               "GB/s = compulsory bytes (inputs + weights + outputs, each once) / median time; "
               "copy = the bandwidth of a copy of the same number of bytes on every core "
-              "(L2-resident where the working set fits the cores' L2), measured just before "
-              "the row.", "",
+              "(L2-resident where the working set fits the cores' L2; C memcpy, best of 7, "
+              "measured before and after the row's timing, the higher kept).", "",
               "| kernel | in | KiB | copy GB/s | einweld | GB/s | % copy | onnxruntime | GB/s | "
-              "% copy | ours/ORT | tvm-untuned |",
-              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+              "% copy | ours/ORT | tvm-untuned | einweld rule |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for r in memory:
         ours, ort = r.time(EINWELD.name), r.time(ONNXRUNTIME.name)
         copy = r.copy_gbs or float("nan")
@@ -942,7 +971,7 @@ def render(report: Report) -> str:
             _pct(r.bytes / ours / 1e9 / copy) if ours else "-",
             _cell_text(r, ONNXRUNTIME.name, _ms), f"{r.bytes / ort / 1e9:.1f}" if ort else "-",
             _pct(r.bytes / ort / 1e9 / copy) if ort else "-", _ratio(_speedup(r)),
-            _cell_text(r, TVM_UNTUNED.name, _ms)]) + " |")
+            _cell_text(r, TVM_UNTUNED.name, _ms), _rule(r)]) + " |")
     if fused:
         lines += ["", "## Fused region", "",
                   "Not in either geomean. `fused` says whether the einweld pipeline made one "
@@ -1002,7 +1031,7 @@ def _summary(report: Report, gemm: list[Row], memory: list[Row], fused: list[Row
              f"einweld at {', '.join(_pct(p) for p in mem_pct)} of the copy bandwidth of the "
              f"same bytes (target >= 70 %).",
              f"- Rows with M*N*K >= 2^24: {len(large)}; einweld reaches >= 80 % of the "
-             f"{m.fma_gflops_all_cores:.0f} GFLOP/s FMA peak on "
+             f"{m.peak_gflops:.0f} GFLOP/s FMA peak on "
              f"{sum(p >= 0.8 for p, _ in large_pct)}; median "
              f"{_pct(statistics.median([p for p, _ in large_pct])) if large_pct else '-'}, "
              f"range {_pct(large_pct[0][0]) if large_pct else '-'}-"
@@ -1039,7 +1068,7 @@ def _settings(report: Report) -> list[str]:
              f"Every runner in its own worker process (tvm_einweld.bench.isolation), one per "
              f"runner for the whole run, CPUs {','.join(map(str, machine_cpus()))}; "
              f"{report.threads} threads for every runtime. Rounds: "
-             f"{'3' if report.quick else '7'} timed rounds after one warm-up, each about "
+             f"{report.repeats} timed rounds after one warm-up, each about "
              "50 ms of back-to-back calls (at least one), alternating across the runners; "
              "a cell is the median round.", ""]
     seen: dict[str, dict] = {}
@@ -1072,7 +1101,8 @@ QUICK_MEMORY = ("LayerNorm", "Softmax", "Transpose", "MatMul+bias")
 def select(kernels: Sequence[Kernel], quick: bool, pattern: Optional[str]
            ) -> tuple[list[Kernel], list[str]]:
     if pattern:
-        chosen = [k for k in kernels if pattern.lower() in k.label.lower()]
+        patterns = [p.strip().lower() for p in pattern.split(",") if p.strip()]
+        chosen = [k for k in kernels if any(p in k.label.lower() for p in patterns)]
     elif quick:
         chosen = tuning_order([k for k in kernels if k.section == GEMM])[:QUICK_GEMM_ROWS]
         chosen += [k for k in kernels if k.section != GEMM
@@ -1089,11 +1119,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="6 GEMM rows, 4 other rows, 3 rounds, no metaschedule-64 (minutes)")
-    parser.add_argument("--rows", help="only rows whose label contains this text")
+    parser.add_argument("--rows", help="only rows whose label contains one of these "
+                        "comma-separated texts")
     parser.add_argument("--runners", help="comma-separated runner names (default: all)")
     parser.add_argument("--budget-minutes", type=float, default=60.0,
                         help="metaschedule-64 tunes rows while the run can still end within this")
-    parser.add_argument("--work-dir", type=Path, default=HERE / "kernels_work",
+    parser.add_argument("--work-dir", type=Path, default=machine.cache_dir() / "kernels_bench",
                         help="tuning databases and worker logs (kept between runs)")
     parser.add_argument("--output", type=Path, default=HERE / "kernels",
                         help="writes OUTPUT.md and OUTPUT.json")
@@ -1115,14 +1146,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log(line.describe())
     plan = Plan(repeats=3 if args.quick else 7, threads=threads,
                 budget_seconds=args.budget_minutes * 60 - (time.monotonic() - started))
-    rows, untuned = run_rows(chosen, specs, plan, args.work_dir, log)
-    report = Report(command, datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                    args.quick, line, threads, load_start, os.getloadavg(),
-                    time.monotonic() - started, tuple((s.name, s.description) for s in specs),
-                    tuple(rows), tuple(untuned), tuple(not_measured))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.with_suffix(".md").write_text(render(report))
-    args.output.with_suffix(".json").write_text(json.dumps(dataclasses.asdict(report), indent=1))
+    def write(rows: list[Row], untuned: list[str], line: MachineLine = line) -> None:
+        report = Report(command, datetime.datetime.now().astimezone().isoformat(
+            timespec="seconds"), args.quick, plan.repeats, line, threads, load_start,
+            os.getloadavg(), time.monotonic() - started,
+            tuple((s.name, s.description) for s in specs), tuple(rows), tuple(untuned),
+            tuple(not_measured))
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.with_suffix(".md").write_text(render(report))
+        args.output.with_suffix(".json").write_text(json.dumps(dataclasses.asdict(report),
+                                                               indent=1))
+
+    rows, untuned = run_rows(chosen, specs, plan, args.work_dir, log, write)
+    line = line.remeasured()
+    log(line.describe())
+    write(rows, untuned, line)
     log(f"wrote {args.output.with_suffix('.md')} and .json "
         f"({(time.monotonic() - started) / 60:.0f} min)")
     return 0

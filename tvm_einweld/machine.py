@@ -245,16 +245,19 @@ def profile(refresh: bool = False) -> MachineInfo:
     return _PROFILE
 
 
-# ---- the FMA peak -----------------------------------------------------------------------------
-# Independent chains of vector FMAs per thread: enough in flight to cover the FMA latency times
-# the FMA ports (4 cycles x 2 ports on recent Intel and AMD cores needs 8), none dependent on
-# another, so the loop runs at the FMA throughput. gcc -O2 -march=native picks AVX-512 where the
-# CPU has it (16 lanes), else AVX2 + FMA (8 lanes).
-_FMA_PROBE_C = r"""
+# ---- native probes: the FMA peak and a multi-threaded copy -------------------------------------
+# fma: independent chains of vector FMAs per thread, enough in flight to cover the FMA latency
+# times the FMA ports (4 cycles x 2 ports on recent Intel and AMD cores needs 8), none dependent
+# on another, so the loop runs at the FMA throughput. gcc -O2 -march=native picks AVX-512 where
+# the CPU has it (16 lanes), else AVX2 + FMA (8 lanes).
+# copy: every thread memcpy's its own source into its own destination (both first touched by
+# that thread) over and over; bytes read + written per second, as STREAM's "copy".
+_PROBE_C = r"""
 #include <immintrin.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #if defined(__AVX512F__)
 typedef __m512 vec;
 #define LANES 16
@@ -274,7 +277,7 @@ static float hsum(vec v) { float t[8]; _mm256_storeu_ps(t, v); float s = 0;
 #define CHAINS 12
 #define STEP(i) acc##i = FMA(acc##i, a, b);
 
-static double run(int threads, long iters, float *sink) {
+static double fma_run(int threads, long iters, float *sink) {
   double start = omp_get_wtime();
   float total = 0.0f;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
@@ -296,23 +299,90 @@ static double run(int threads, long iters, float *sink) {
   return omp_get_wtime() - start;
 }
 
+/* Seconds for `loops` copies of `bytes` per thread (buffers made and touched outside the
+   timed part, by the thread that copies them). */
+static double copy_run(int threads, size_t bytes, long loops, float *sink) {
+  double seconds = 0.0;
+#pragma omp parallel num_threads(threads)
+  {
+    char *src = aligned_alloc(64, bytes), *dst = aligned_alloc(64, bytes);
+    memset(src, 1, bytes);
+    memset(dst, 0, bytes);
+    memcpy(dst, src, bytes);
+#pragma omp barrier
+    double start = omp_get_wtime();
+    for (long n = 0; n < loops; n++) {
+      memcpy(dst, src, bytes);
+      __asm__ volatile("" : : "r"(dst) : "memory");
+    }
+#pragma omp barrier
+#pragma omp master
+    { seconds = omp_get_wtime() - start; *sink += dst[bytes - 1]; }
+    free(src);
+    free(dst);
+  }
+  return seconds;
+}
+
 int main(int argc, char **argv) {
-  int threads = atoi(argv[1]), repeats = atoi(argv[3]);
-  double seconds = atof(argv[2]), best = 0.0;
+  int threads = atoi(argv[2]), repeats = atoi(argv[4]);
+  double seconds = atof(argv[3]), best = 0.0;
   float sink = 0.0f;
-  long iters = 1L << 16;
-  while (run(threads, iters, &sink) < 0.2 * seconds) iters *= 2;  /* calibrate */
-  for (int r = 0; r < repeats; r++) {
-    double t = run(threads, iters, &sink);
-    double gflops = 2.0 * LANES * CHAINS * (double)iters * threads / t / 1e9;
-    if (gflops > best) best = gflops;
+  if (argv[1][0] == 'f') {
+    long iters = 1L << 16;
+    while (fma_run(threads, iters, &sink) < 0.2 * seconds) iters *= 2;  /* calibrate */
+    for (int r = 0; r < repeats; r++) {
+      double t = fma_run(threads, iters, &sink);
+      double gflops = 2.0 * LANES * CHAINS * (double)iters * threads / t / 1e9;
+      if (gflops > best) best = gflops;
+    }
+  } else {
+    size_t bytes = (size_t)atoll(argv[5]) / 2 / threads;  /* per thread and buffer */
+    bytes = (bytes + 63) / 64 * 64;
+    long loops = 1;
+    while (copy_run(threads, bytes, loops, &sink) < 0.2 * seconds) loops *= 2;
+    for (int r = 0; r < repeats; r++) {
+      double t = copy_run(threads, bytes, loops, &sink);
+      double gbs = 2.0 * bytes * threads * (double)loops / t / 1e9;
+      if (gbs > best) best = gbs;
+    }
   }
   printf("%f %s %g\n", best, ISA, (double)sink);
   return 0;
 }
 """
 
-_FMA_PROBE_BINARY: Optional[Path] = None
+_PROBE_BINARY: Optional[Path] = None
+
+
+def _native_probe(*args: object) -> Optional[List[str]]:
+    """Run the C probe (compiled with gcc on first use); None where gcc or OpenMP is missing."""
+    import subprocess
+    import tempfile
+
+    global _PROBE_BINARY
+    if _PROBE_BINARY is None or not _PROBE_BINARY.exists():
+        folder = Path(tempfile.mkdtemp(prefix="einweld_probe_"))
+        source, binary = folder / "probe.c", folder / "probe"
+        source.write_text(_PROBE_C)
+        for flags in (["-march=native"], ["-mavx2", "-mfma"]):
+            try:
+                subprocess.run(["gcc", "-O2", *flags, "-fopenmp", str(source), "-o", str(binary)],
+                               check=True, capture_output=True, timeout=120)
+                break
+            except (OSError, subprocess.SubprocessError):
+                continue
+        else:
+            return None
+        _PROBE_BINARY = binary
+    threads = int(args[1])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_PROC_BIND": "false"}
+    try:
+        return subprocess.run([str(_PROBE_BINARY), *map(str, args)], check=True,
+                              capture_output=True, text=True, env=env, timeout=600
+                              ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -325,33 +395,20 @@ class FmaPeak:
 def measure_fma_peak(threads: int = 1, seconds: float = 0.2, repeats: int = 5
                      ) -> Optional[FmaPeak]:
     """The fp32 FMA throughput of `threads` cores: a C loop of independent vector FMAs per
-    thread (OpenMP), compiled with gcc -O2 -march=native on first use. None where gcc or
-    OpenMP is missing. Unlike `measure_sgemm_gflops` (numpy's BLAS, well under the peak on
-    some machines) this is the ceiling every GEMM-class kernel is held against. Best of
-    `repeats` runs of about `seconds` each; like every peak, it reads low on a busy machine."""
-    import subprocess
-    import tempfile
+    thread (OpenMP). Unlike `measure_sgemm_gflops` (numpy's BLAS, well under the peak on some
+    machines) this is the ceiling every GEMM-class kernel is held against. Best of `repeats`
+    runs of about `seconds` each; like every peak, it reads low on a busy machine. None where
+    gcc or OpenMP is missing."""
+    out = _native_probe("fma", threads, seconds, repeats)
+    return FmaPeak(float(out[0]), threads, out[1]) if out else None
 
-    global _FMA_PROBE_BINARY
-    if _FMA_PROBE_BINARY is None or not _FMA_PROBE_BINARY.exists():
-        folder = Path(tempfile.mkdtemp(prefix="einweld_fma_"))
-        source, binary = folder / "fma_probe.c", folder / "fma_probe"
-        source.write_text(_FMA_PROBE_C)
-        for flags in (["-march=native"], ["-mavx2", "-mfma"]):
-            try:
-                subprocess.run(["gcc", "-O2", *flags, "-fopenmp", str(source), "-o", str(binary)],
-                               check=True, capture_output=True, timeout=120)
-                break
-            except (OSError, subprocess.SubprocessError):
-                continue
-        else:
-            return None
-        _FMA_PROBE_BINARY = binary
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_PROC_BIND": "false"}
-    try:
-        out = subprocess.run([str(_FMA_PROBE_BINARY), str(threads), str(seconds), str(repeats)],
-                             check=True, capture_output=True, text=True, env=env,
-                             timeout=60 + 10 * seconds * repeats).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return FmaPeak(float(out[0]), threads, out[1])
+
+def measure_native_copy_gbs(nbytes: int, threads: int = 1, seconds: float = 0.05,
+                            repeats: int = 5) -> Optional[float]:
+    """GB/s (read + written) of `threads` threads each memcpy'ing its share of a working set
+    of `nbytes` (half source, half destination) in C: the bandwidth of the memory level such a
+    working set lives in (L2 where it fits the cores' L2). `measure_copy_gbs` is one thread
+    of numpy on 256 MiB; at cache sizes numpy's per-call overhead dominates and one thread
+    cannot show what several cores' caches deliver. Best of `repeats`; None without gcc."""
+    out = _native_probe("copy", threads, seconds, repeats, int(nbytes))
+    return float(out[0]) if out else None
