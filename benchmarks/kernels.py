@@ -471,7 +471,7 @@ def numpy_function(model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]
         def gemm(inputs):
             np.matmul(operand(0, inputs), b, out=out)
             if bias is not None:
-                out += bias
+                np.add(out, bias, out=out)
             return out
 
         return gemm
@@ -1122,8 +1122,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rows", help="only rows whose label contains one of these "
                         "comma-separated texts")
     parser.add_argument("--runners", help="comma-separated runner names (default: all)")
-    parser.add_argument("--budget-minutes", type=float, default=60.0,
-                        help="metaschedule-64 tunes rows while the run can still end within this")
+    parser.add_argument("--budget-minutes", type=float, default=55.0,
+                        help="metaschedule-64 tunes rows while the run can still end within "
+                        "this (estimated from the rows so far)")
     parser.add_argument("--work-dir", type=Path, default=machine.cache_dir() / "kernels_bench",
                         help="tuning databases and worker logs (kept between runs)")
     parser.add_argument("--output", type=Path, default=HERE / "kernels",
