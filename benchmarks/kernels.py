@@ -48,7 +48,7 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
@@ -339,7 +339,6 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path):
     """The "einweld" pipeline: the pass sequence `relax_pipeline="einweld"` resolves to
     (`tvm_einweld.pipeline`), built here so that what its stages did can be read back."""
     import tvm
-    import tvm_einweld  # noqa: F401  registers the pipeline, sizes TVM's pool
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
     from tvm_einweld.einweld_pipeline import EinweldOptimize
@@ -866,6 +865,20 @@ class Report:
     not_measured: tuple[str, ...]  # zoo contractions not in this run
 
 
+def _tuples(value):
+    """JSON lists back into the tuples the dataclasses hold."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def load_report(path: Path) -> Report:
+    """A report read back from its JSON (to render it again)."""
+    data = {k: _tuples(v) for k, v in json.loads(path.read_text()).items()}
+    machine_line = MachineLine(**{k: _tuples(v) for k, v in data["machine"].items()})
+    rows = tuple(Row(**{**dict(r), "cells": tuple(Cell(**dict(c)) for c in dict(r)["cells"])})
+                 for r in data["rows"])
+    return Report(**{**data, "machine": machine_line, "rows": rows})
+
+
 def _geomean(values: Sequence[float]) -> Optional[float]:
     values = [v for v in values if v and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
@@ -936,13 +949,21 @@ def render(report: Report) -> str:
     lines += ["", "## GEMM-class and convolution kernels", "",
               f"GFLOP/s = 2 x multiply-adds / median time; % peak = of the {report.threads}-core "
               f"FMA peak ({m.peak_gflops:.0f} GFLOP/s, see the machine line). ours/ORT = onnxruntime time / "
-              "einweld time (above 1: einweld faster). * marks M*N*K >= 2^24 (the 80 % target's "
-              "scope). Times are medians of alternating rounds.", "",
+              "einweld time (above 1: einweld faster). numpy, tvm-untuned and metaschedule-64: "
+              "time (GFLOP/s, % peak). * marks M*N*K >= 2^24 (the 80 % target's scope). Times "
+              "are medians of alternating rounds; \"(1 call)\": slower than 1 s per call, its "
+              "first call only. \"einweld rule\": the analytic rule that scheduled einweld's "
+              "kernel (none: TVM's default schedule).", "",
               "| kernel | in | MFLOP | einweld | GFLOP/s | % peak | onnxruntime | GFLOP/s | "
               "% peak | ours/ORT | numpy | tvm-untuned | metaschedule-64 | einweld rule |",
               "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for r in gemm:
         ours, ort = r.time(EINWELD.name), r.time(ONNXRUNTIME.name)
+
+        def rate(seconds: float, r: Row = r) -> str:  # time (GFLOP/s, % peak)
+            return (f"{_ms(seconds)} ({r.flops / seconds / 1e9:.0f}, "
+                    f"{_pct(r.flops / seconds / peak)})")
+
         lines.append(" | ".join([
             f"| {r.label}{' *' if r.flops / 2 >= LARGE_MNK else ''}", r.where,
             f"{r.flops / 1e6:.1f}", _cell_text(r, EINWELD.name, _ms),
@@ -951,8 +972,8 @@ def render(report: Report) -> str:
             _cell_text(r, ONNXRUNTIME.name, _ms),
             f"{r.flops / ort / 1e9:.1f}" if ort else "-",
             _pct(r.flops / ort / peak) if ort else "-",
-            _ratio(_speedup(r)), _cell_text(r, NUMPY.name, _ms),
-            _cell_text(r, TVM_UNTUNED.name, _ms), _cell_text(r, METASCHEDULE.name, _ms),
+            _ratio(_speedup(r)), *(_cell_text(r, name, rate) for name in
+                                   (NUMPY.name, TVM_UNTUNED.name, METASCHEDULE.name)),
             _rule(r)]) + " |")
     lines += ["", "## Memory-bound kernels", "",
               "GB/s = compulsory bytes (inputs + weights + outputs, each once) / median time; "
@@ -992,6 +1013,19 @@ def render(report: Report) -> str:
                 _cell_text(r, TVM_UNTUNED.name, _ms)]) + " |")
     lines += _problems(rows)
     lines += _settings(report)
+    lines += ["", "## Notes", "",
+              "- numpy runs OpenBLAS with one thread per physical core, as asked of every "
+              "runtime. On a shared 2-core machine OpenBLAS's busy-waiting threads make small "
+              "GEMMs erratic: timed apart from this run under the same load, the "
+              "12x(128x128 . 128x64) batch MatMul took 0.25-0.36 ms per call with "
+              "OPENBLAS_NUM_THREADS=1 and 0.15-92 ms with 2. Its small-kernel cells say more "
+              "about that than about BLAS.",
+              "- Microsecond kernels are dominated by the cost of a call (Relax VM dispatch, "
+              "waking a thread pool, onnxruntime's session run): the copy reference has no such "
+              "cost, so the small memory-bound rows cannot approach it.",
+              "- einweld's prepare time (in the JSON) includes the pipeline's whole-module "
+              "checks, which compile and run stock untuned TVM as the reference: tens of "
+              "seconds on the large GEMMs."]
     if report.untuned or report.not_measured:
         lines += ["", "## Not measured", ""]
         if report.untuned:
@@ -1022,10 +1056,15 @@ def _summary(report: Report, gemm: list[Row], memory: list[Row], fused: list[Row
     mem_pct = [r.bytes / r.time(EINWELD.name) / 1e9 / r.copy_gbs for r in memory
                if r.time(EINWELD.name) and r.copy_gbs]
     gm = _geomean(g_speed)
+    versus = {name: [s for r in gemm if (s := _speedup(r, name))]
+              for name in (NUMPY.name, METASCHEDULE.name, TVM_UNTUNED.name)}
     lines = ["## Summary", "",
              f"- GEMM-class and convolution rows: geomean einweld vs onnxruntime **{_ratio(gm)}** "
              f"over {len(g_speed)} rows (target >= 1.0x); einweld faster on "
              f"{sum(s >= 1 for s in g_speed)}.",
+             "- GEMM-class rows, einweld vs the others (geomean of their time / einweld's): "
+             + "; ".join(f"{name} {_ratio(_geomean(v))} over {len(v)} rows"
+                         for name, v in versus.items()) + ".",
              f"- Memory-bound rows: geomean einweld vs onnxruntime "
              f"**{_ratio(_geomean(m_speed))}** over {len(m_speed)} rows (target >= 1.0x); "
              f"einweld at {', '.join(_pct(p) for p in mem_pct)} of the copy bandwidth of the "
@@ -1129,7 +1168,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="tuning databases and worker logs (kept between runs)")
     parser.add_argument("--output", type=Path, default=HERE / "kernels",
                         help="writes OUTPUT.md and OUTPUT.json")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="only write OUTPUT.md again from a report's JSON")
     args = parser.parse_args(argv)
+    if args.render:
+        args.output.with_suffix(".md").write_text(render(load_report(args.render)))
+        return 0
     command = "python benchmarks/kernels.py " + " ".join(map(shlex.quote, sys.argv[1:]))
     started, load_start = time.monotonic(), os.getloadavg()
     log = lambda text: print(text, flush=True)  # noqa: E731
