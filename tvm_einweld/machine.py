@@ -302,3 +302,172 @@ def profile(refresh: bool = False) -> MachineInfo:
     if _PROFILE is None or refresh:
         _PROFILE = describe_machine(refresh=refresh)
     return _PROFILE
+
+
+# ---- native probes: the FMA peak and a multi-threaded copy -------------------------------------
+# fma: independent chains of vector FMAs per thread, enough in flight to cover the FMA latency
+# times the FMA ports (4 cycles x 2 ports on recent Intel and AMD cores needs 8), none dependent
+# on another, so the loop runs at the FMA throughput. gcc -O2 -march=native picks AVX-512 where
+# the CPU has it (16 lanes), else AVX2 + FMA (8 lanes).
+# copy: every thread memcpy's its own source into its own destination (both first touched by
+# that thread) over and over; bytes read + written per second, as STREAM's "copy".
+_PROBE_C = r"""
+#include <immintrin.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+typedef __m512 vec;
+#define LANES 16
+#define ISA "avx512"
+#define SET1 _mm512_set1_ps
+#define FMA _mm512_fmadd_ps
+static float hsum(vec v) { return _mm512_reduce_add_ps(v); }
+#else
+typedef __m256 vec;
+#define LANES 8
+#define ISA "avx2"
+#define SET1 _mm256_set1_ps
+#define FMA _mm256_fmadd_ps
+static float hsum(vec v) { float t[8]; _mm256_storeu_ps(t, v); float s = 0;
+                           for (int i = 0; i < 8; i++) s += t[i]; return s; }
+#endif
+#define CHAINS 12
+#define STEP(i) acc##i = FMA(acc##i, a, b);
+
+static double fma_run(int threads, long iters, float *sink) {
+  double start = omp_get_wtime();
+  float total = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    const vec a = SET1(0.999999f), b = SET1(1e-6f);
+    float seed = (float)omp_get_thread_num();
+    vec acc0 = SET1(seed), acc1 = SET1(seed + 1), acc2 = SET1(seed + 2), acc3 = SET1(seed + 3),
+        acc4 = SET1(seed + 4), acc5 = SET1(seed + 5), acc6 = SET1(seed + 6),
+        acc7 = SET1(seed + 7), acc8 = SET1(seed + 8), acc9 = SET1(seed + 9),
+        acc10 = SET1(seed + 10), acc11 = SET1(seed + 11);
+    for (long n = 0; n < iters; n++) {
+      STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5)
+      STEP(6) STEP(7) STEP(8) STEP(9) STEP(10) STEP(11)
+    }
+    total += hsum(acc0) + hsum(acc1) + hsum(acc2) + hsum(acc3) + hsum(acc4) + hsum(acc5)
+           + hsum(acc6) + hsum(acc7) + hsum(acc8) + hsum(acc9) + hsum(acc10) + hsum(acc11);
+  }
+  *sink += total;
+  return omp_get_wtime() - start;
+}
+
+/* Seconds for `loops` copies of `bytes` per thread (buffers made and touched outside the
+   timed part, by the thread that copies them). */
+static double copy_run(int threads, size_t bytes, long loops, float *sink) {
+  double seconds = 0.0;
+#pragma omp parallel num_threads(threads)
+  {
+    char *src = aligned_alloc(64, bytes), *dst = aligned_alloc(64, bytes);
+    memset(src, 1, bytes);
+    memset(dst, 0, bytes);
+    memcpy(dst, src, bytes);
+#pragma omp barrier
+    double start = omp_get_wtime();
+    for (long n = 0; n < loops; n++) {
+      memcpy(dst, src, bytes);
+      __asm__ volatile("" : : "r"(dst) : "memory");
+    }
+#pragma omp barrier
+#pragma omp master
+    { seconds = omp_get_wtime() - start; *sink += dst[bytes - 1]; }
+    free(src);
+    free(dst);
+  }
+  return seconds;
+}
+
+int main(int argc, char **argv) {
+  int threads = atoi(argv[2]), repeats = atoi(argv[4]);
+  double seconds = atof(argv[3]), best = 0.0;
+  float sink = 0.0f;
+  if (argv[1][0] == 'f') {
+    long iters = 1L << 16;
+    while (fma_run(threads, iters, &sink) < 0.2 * seconds) iters *= 2;  /* calibrate */
+    for (int r = 0; r < repeats; r++) {
+      double t = fma_run(threads, iters, &sink);
+      double gflops = 2.0 * LANES * CHAINS * (double)iters * threads / t / 1e9;
+      if (gflops > best) best = gflops;
+    }
+  } else {
+    size_t bytes = (size_t)atoll(argv[5]) / 2 / threads;  /* per thread and buffer */
+    bytes = (bytes + 63) / 64 * 64;
+    long loops = 1;
+    while (copy_run(threads, bytes, loops, &sink) < 0.2 * seconds) loops *= 2;
+    for (int r = 0; r < repeats; r++) {
+      double t = copy_run(threads, bytes, loops, &sink);
+      double gbs = 2.0 * bytes * threads * (double)loops / t / 1e9;
+      if (gbs > best) best = gbs;
+    }
+  }
+  printf("%f %s %g\n", best, ISA, (double)sink);
+  return 0;
+}
+"""
+
+_PROBE_BINARY: Optional[Path] = None
+
+
+def _native_probe(*args: object) -> Optional[List[str]]:
+    """Run the C probe (compiled with gcc on first use); None where gcc or OpenMP is missing."""
+    import subprocess
+    import tempfile
+
+    global _PROBE_BINARY
+    if _PROBE_BINARY is None or not _PROBE_BINARY.exists():
+        folder = Path(tempfile.mkdtemp(prefix="einweld_probe_"))
+        source, binary = folder / "probe.c", folder / "probe"
+        source.write_text(_PROBE_C)
+        for flags in (["-march=native"], ["-mavx2", "-mfma"]):
+            try:
+                subprocess.run(["gcc", "-O2", *flags, "-fopenmp", str(source), "-o", str(binary)],
+                               check=True, capture_output=True, timeout=120)
+                break
+            except (OSError, subprocess.SubprocessError):
+                continue
+        else:
+            return None
+        _PROBE_BINARY = binary
+    threads = int(args[1])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_PROC_BIND": "false"}
+    try:
+        return subprocess.run([str(_PROBE_BINARY), *map(str, args)], check=True,
+                              capture_output=True, text=True, env=env, timeout=600
+                              ).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@dataclass(frozen=True)
+class FmaPeak:
+    gflops: float  # fp32 GFLOP/s (an FMA counts 2), the best of several runs
+    threads: int
+    isa: str  # "avx512" or "avx2"
+
+
+def measure_fma_peak(threads: int = 1, seconds: float = 0.2, repeats: int = 5
+                     ) -> Optional[FmaPeak]:
+    """The fp32 FMA throughput of `threads` cores: a C loop of independent vector FMAs per
+    thread (OpenMP). Unlike `measure_sgemm_gflops` (numpy's BLAS, well under the peak on some
+    machines) this is the ceiling every GEMM-class kernel is held against. Best of `repeats`
+    runs of about `seconds` each; like every peak, it reads low on a busy machine. None where
+    gcc or OpenMP is missing."""
+    out = _native_probe("fma", threads, seconds, repeats)
+    return FmaPeak(float(out[0]), threads, out[1]) if out else None
+
+
+def measure_native_copy_gbs(nbytes: int, threads: int = 1, seconds: float = 0.05,
+                            repeats: int = 5) -> Optional[float]:
+    """GB/s (read + written) of `threads` threads each memcpy'ing its share of a working set
+    of `nbytes` (half source, half destination) in C: the bandwidth of the memory level such a
+    working set lives in (L2 where it fits the cores' L2). `measure_copy_gbs` is one thread
+    of numpy on 256 MiB; at cache sizes numpy's per-call overhead dominates and one thread
+    cannot show what several cores' caches deliver. Best of `repeats`; None without gcc."""
+    out = _native_probe("copy", threads, seconds, repeats, int(nbytes))
+    return float(out[0]) if out else None
