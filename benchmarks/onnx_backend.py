@@ -299,7 +299,12 @@ def render(rows: Sequence[Row], meta: dict) -> str:
         "normwise with its reference (`compare_arrays`, float32: max|a-b| <= 1e-5 + 1e-4·max|ref|): "
         "onnxruntime with graph optimisations off for the light models, the stored outputs for "
         "the node tests. Light models run with their own weights (uniform, from ConstantOfShape) "
-        f"and with seeded He-scaled random weights (seed {RANDOM_SEED}). Latency: median of "
+        f"and with seeded He-scaled random weights (seed {RANDOM_SEED}). With their own weights "
+        "every class logit of a light model is the same number, so its output is exactly "
+        "uniform (0.001 for each of the 1000 classes): those rows check that the pipeline keeps "
+        "every output channel identical (a rounding difference between channels was the "
+        "SqueezeNet bug of issue 18) and little else; the random-weight rows check the "
+        "computation. Latency: median of "
         f"{meta['repeats']} samples, each runtime in its own process; onnxruntime with all graph "
         "optimisations, spinning off, one thread per physical core; TVM's thread pool as "
         "shipped. `load` is the 1-minute load average after the TVM worker (other engineers "
@@ -390,6 +395,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="keep the rows already in the output's .json, measure the rest")
     parser.add_argument("--not-run", default="", help="a sentence for the report saying what "
                         "this run left out")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the Markdown table from its .json; measure nothing")
     parser.add_argument("--commit", default=None,
                         help="the commit this copy of the code was exported from (`git archive`), "
                         "when it does not run from a git checkout")
@@ -409,6 +416,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     output = args.output or (Path(tempfile.mkdtemp(prefix="onnx_backend_")) / "onnx_backend.md"
                              if args.quick else DEFAULT_OUTPUT)
+    if args.render_only:  # the Markdown again from the .json, nothing measured
+        data = json.loads(output.with_suffix(".json").read_text())
+        rows, _ = read_previous(output.with_suffix(".json"))
+        output.write_text(render(rows, data["meta"]))
+        return 0
     rows, earlier_runs = read_previous(output.with_suffix(".json")) if args.resume else ([], [])
     done = {r.key for r in rows}
     jobs = [(e, w) for e, w in select(args) if (e.name, w) not in done]
