@@ -53,7 +53,6 @@ from dataclasses import dataclass
 
 from tvm import ir, s_tir, tirx
 from tvm.sym import Analyzer
-from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from . import gemm
@@ -162,20 +161,12 @@ def _vars(expr) -> set:
     return set(tirx.analysis.undefined_vars(expr))
 
 
-class Conv2D(ScheduleRule):
+class Conv2D(gemm.AnalyticRule):
     """dlight-style rule for NCHW conv2d / conv2d_transpose: a Schedule or None."""
 
-    def is_target_available(self, target: Target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool = False
-              ) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        try:
-            return gemm.well_formed(schedule_conv(func, target))
-        except (RuntimeError, ValueError):
-            return None
+    @staticmethod
+    def schedule(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        return schedule_conv(func, target)
 
 
 def _match(sch: s_tir.Schedule, block) -> tuple[int, int, ConvShape] | None:

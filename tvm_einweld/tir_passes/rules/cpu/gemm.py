@@ -450,8 +450,13 @@ def _reads_only_layout_free(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
 
 
 # ------------------------------------------------------------------------------ the rule
-class GEMM(ScheduleRule):
-    """dlight-style rule: `apply(func, target, tunable)` returns a Schedule or None."""
+class AnalyticRule(ScheduleRule):
+    """A dlight-style rule around an analytic `schedule(func, target)`: `apply` returns its
+    schedule when TVM's own lowering accepts it (`well_formed`), else None."""
+
+    @staticmethod
+    def schedule(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        raise NotImplementedError
 
     def is_target_available(self, target: Target) -> bool:
         return target.kind.name == "llvm"
@@ -461,11 +466,19 @@ class GEMM(ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
-            return well_formed(schedule_gemm(func, target))
+            return well_formed(self.schedule(func, target))
         except (RuntimeError, ValueError):
             # A primitive refused (an access pattern we did not foresee): leave the function
             # to other rules rather than risk a wrong or half-made schedule.
             return None
+
+
+class GEMM(AnalyticRule):
+    """The GEMM-class rule: `apply(func, target, tunable)` returns a Schedule or None."""
+
+    @staticmethod
+    def schedule(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
+        return schedule_gemm(func, target)
 
 
 def well_formed(sch: s_tir.Schedule | None) -> s_tir.Schedule | None:
