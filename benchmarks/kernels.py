@@ -349,10 +349,12 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path):
                                         name="einweld")
     run = _tvm_run(tvm.compile(from_onnx(model), target, relax_pipeline=pipeline), model)
     rules = sorted(set((stages.rules.scheduled if stages.rules else {}).values()))
-    fused = [g for g in (stages.fusion.report.replaced if stages.fusion and
-                         getattr(stages.fusion, "report", None) else ()) if len(g) > 1]
+    tiled = list(stages.fusion.report.replaced if stages.fusion and
+                 getattr(stages.fusion, "report", None) else ())
+    fused = [g for g in tiled if len(g) > 1]
     dropped = [c.stage for c in stages.checks if c.ran and not c.equal]
-    return with_settings(run, rules=",".join(rules) or "none", fused_groups=len(fused),
+    return with_settings(run, rules=",".join(rules) or "none", tile_kernels=len(tiled),
+                         fused_groups=len(fused),
                          fused_nodes=max((len(g) for g in fused), default=0),
                          dropped_stages=",".join(dropped) or "none",
                          compile_stages=", ".join(f"{k} {v:.1f}s"
@@ -863,6 +865,7 @@ class Report:
     rows: tuple[Row, ...]
     untuned: tuple[str, ...]  # GEMM rows metaschedule-64 had no time for
     not_measured: tuple[str, ...]  # zoo contractions not in this run
+    niceness: int = 0  # the benchmark's own (`nice -n 5` gives 5)
 
 
 def _tuples(value):
@@ -885,12 +888,20 @@ def _geomean(values: Sequence[float]) -> Optional[float]:
 
 
 def _rule(row: Row) -> str:
-    """Which analytic rule scheduled einweld's kernels (none: stock TVM's default), and
-    whether TileGraphFusion made a tile kernel of several nodes."""
+    """Which analytic rule scheduled einweld's kernels, and whether TileGraphFusion's tile
+    kernel (chosen by measuring candidates at compile time) took the node, fused or alone.
+    "none": neither a rule nor (where the run recorded it) a tile kernel: TVM's default."""
     cell = row.cell(EINWELD.name)
     settings = dict(cell.settings) if cell else {}
-    rule = settings.get("rules", "?")
-    return rule + (" + tile group" if settings.get("fused_groups", "0") != "0" else "")
+    if "rules" not in settings:
+        return "?"
+    parts = [] if settings["rules"] == "none" else [settings["rules"]]
+    fused = settings.get("fused_groups", "0") != "0"
+    if settings.get("tile_kernels", "0") != "0":
+        parts.append("tile kernel" + (" (fused)" if fused else ""))
+    elif fused:
+        parts.append("tile group")
+    return " + ".join(parts) or "none"
 
 
 def _speedup(row: Row, base: str = ONNXRUNTIME.name) -> Optional[float]:
@@ -929,7 +940,8 @@ def render(report: Report) -> str:
     lines = [
         "# Single kernels: tvm_einweld vs onnxruntime, numpy, stock TVM and the machine",
         "",
-        f"Command: `{report.command}`  ",
+        f"Command: `{report.command.strip()}`"
+        + (f" at niceness {report.niceness}" if report.niceness else "") + "  ",
         f"Date: {report.date} (wall time {report.wall_seconds / 60:.0f} min)  ",
         f"Machine: {m.describe()}  ",
         f"Project machine line: {m.numpy_profile}  ",
@@ -953,7 +965,9 @@ def render(report: Report) -> str:
               "time (GFLOP/s, % peak). * marks M*N*K >= 2^24 (the 80 % target's scope). Times "
               "are medians of alternating rounds; \"(1 call)\": slower than 1 s per call, its "
               "first call only. \"einweld rule\": the analytic rule that scheduled einweld's "
-              "kernel (none: TVM's default schedule).", "",
+              "kernel; \"tile kernel\" / \"tile group\": TileGraphFusion's kernel won its "
+              "compile-time measurement; \"none\": no rule scheduled it (a run that did not "
+              "record tile kernels cannot tell TVM's default from a lone tile kernel).", "",
               "| kernel | in | MFLOP | einweld | GFLOP/s | % peak | onnxruntime | GFLOP/s | "
               "% peak | ours/ORT | numpy | tvm-untuned | metaschedule-64 | einweld rule |",
               "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
@@ -1110,15 +1124,18 @@ def _settings(report: Report) -> list[str]:
              f"{report.repeats} timed rounds after one warm-up, each about "
              "50 ms of back-to-back calls (at least one), alternating across the runners; "
              "a cell is the median round.", ""]
-    seen: dict[str, dict] = {}
+    seen: dict[str, dict[str, list[str]]] = {}  # runner -> setting -> values over the rows
     for r in report.rows:
         for c in r.cells:
-            if c.settings and c.runner not in seen:
-                seen[c.runner] = dict(c.settings)
+            for key, value in c.settings:
+                values = seen.setdefault(c.runner, {}).setdefault(key, [])
+                if value not in values:
+                    values.append(value)
     skip = {"compile_stages", "rules", "fused_groups", "fused_nodes", "dropped_stages",
-            "database"}
+            "database", "tile_kernels"}
     for name, description in report.runners:
-        settings = ", ".join(f"{k}={v}" for k, v in seen.get(name, {}).items() if k not in skip)
+        settings = ", ".join(f"{k}={'|'.join(v)}" for k, v in seen.get(name, {}).items()
+                             if k not in skip)
         lines.append(f"- `{name}`: {description}. {settings}")
     rules = sorted({dict(c.settings).get("rules", "") for r in report.rows for c in r.cells
                     if c.runner == EINWELD.name and c.settings})
@@ -1174,7 +1191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.render:
         args.output.with_suffix(".md").write_text(render(load_report(args.render)))
         return 0
-    command = "python benchmarks/kernels.py " + " ".join(map(shlex.quote, sys.argv[1:]))
+    command = " ".join(["python benchmarks/kernels.py", *map(shlex.quote, sys.argv[1:])])
     started, load_start = time.monotonic(), os.getloadavg()
     log = lambda text: print(text, flush=True)  # noqa: E731
 
@@ -1196,7 +1213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             timespec="seconds"), args.quick, plan.repeats, line, threads, load_start,
             os.getloadavg(), time.monotonic() - started,
             tuple((s.name, s.description) for s in specs), tuple(rows), tuple(untuned),
-            tuple(not_measured))
+            tuple(not_measured), os.nice(0))
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.with_suffix(".md").write_text(render(report))
         args.output.with_suffix(".json").write_text(json.dumps(dataclasses.asdict(report),
