@@ -62,6 +62,44 @@ def test_matmul_primfunc(m, n, k, dtype, transposed):
     np.testing.assert_allclose(got, a @ (b.T if transposed else b), **tol(dtype))
 
 
+def test_writes_stay_inside_the_output():
+    """Regression: a row tile that did not divide M (384 = 3 x 132 - 12 on this host's plan)
+    wrote its whole tile back, rows past the end of C included (TVM's reverse_compute_at
+    drops the block predicate), corrupting the heap (ViT's 197 x 1536 x 384 FFN, swapped).
+    C is a view of a larger buffer here; what lies past it must stay untouched."""
+    m, n, k = 384, 197, 1536
+    func = te_matmul(m, n, k)
+    for sch in (gemm.GEMM().apply(func, TARGET, False),
+                gemm.schedule_gemm(func, TARGET, gemm.Tiling(gemm.RegisterBlock(12, 2, 16),
+                                                             mc=132, kc=k))):
+        check_inside_output(sch, m, n, k)
+
+
+def check_inside_output(sch, m, n, k):
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=TARGET)
+    a, b = rand(m, k), rand(k, n)
+    sentinel = np.full((m + 64, n), 12345.0, "float32")
+    room = tvm.runtime.tensor(sentinel)
+    out = room._create_view((m, n))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    whole = room.numpy()
+    np.testing.assert_allclose(whole[:m], a @ b, **tol("float32"))
+    assert (whole[m:] == 12345.0).all(), "the kernel wrote past the end of C"
+
+
+def test_row_tiles_divide_padded_m():
+    """Every plan's row tile divides the padded M (see the test above), on any shape/cores."""
+    caches = gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
+    isa = VectorISA(bits=512, registers=32, fma=True)
+    for m in (1, 7, 31, 197, 384, 396, 1000, 3136, 4099):
+        for n in (1, 5, 197, 384):
+            blk = gemm.choose_register_block(isa, "float32", m, n)
+            for cores in (1, 2, 3, 8, 64):
+                tiling = gemm.choose_tiles(blk, caches, "float32", 1, m, n, 1536, cores)
+                m_padded = -(-m // blk.mr) * blk.mr
+                assert tiling.mc % blk.mr == 0 and m_padded % tiling.mc == 0, (m, n, cores)
+
+
 def test_split_k_schedule():
     """The K-blocked variant (panels larger than half of L2), forced through `tiling`."""
     func = te_matmul(40, 64, 96)

@@ -189,7 +189,8 @@ def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: in
     mc (rows of a parallel tile): the mc x kc block of A is re-read by the tile's column
     panels and the accumulator tile of a split K lives next to the B block, so mc * kc takes
     at most half of L2 and (split K) mc * nr at most half of L1; fewer rows when that leaves
-    fewer than TILES_PER_CORE tiles per core; then evened out over the row tiles."""
+    fewer than TILES_PER_CORE tiles per core; then lowered to a divisor of the padded M (every
+    row tile whole)."""
     size = tvm.runtime.DataType(dtype).bits // 8
     m_padded = math.ceil(m / block.mr) * block.mr
     kc = k
@@ -203,9 +204,11 @@ def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: in
     n_tiles = batch * math.ceil(n / block.nr)
     while rows > 1 and n_tiles * math.ceil(m_padded / (rows * block.mr)) < TILES_PER_CORE * cores:
         rows -= 1
-    row_tiles = math.ceil(m_padded / (rows * block.mr))
-    mc = math.ceil(m_padded / block.mr / row_tiles) * block.mr
-    return Tiling(block, mc, kc)
+    # mc must divide the padded M: the write-back of a tile that ran past M would have no
+    # row guard (TVM's reverse_compute_at does not carry the block predicate), so a ragged
+    # last tile writes rows past the end of C (a heap corruption seen on 384 x 1536 x 197).
+    rows = _largest_divisor_at_most(m_padded // block.mr, rows, 1)
+    return Tiling(block, rows * block.mr, kc)
 
 
 @functools.lru_cache(maxsize=None)
@@ -560,10 +563,14 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     tiling = tiling or plan(shape, target)
     mr, nr, lanes = tiling.block.mr, tiling.block.nr, tiling.block.lanes
 
-    # Step 2: pad I and J (no-op axes are left alone, so no copy is made when divisible).
-    pad_m, pad_n = -shape.m % mr, -shape.n % nr
+    # Step 2: pad I to whole row tiles and J to whole panels (no-op axes are left alone, so
+    # no copy is made when divisible). Whole row tiles matter for more than the predicate:
+    # the write-back of a ragged last tile would get no row guard (see `choose_tiles`), so
+    # a tiling whose mc does not divide M (only a forced one) is padded to it.
+    mc = tiling.mc
+    pad_m, pad_n = -shape.m % mc, -shape.n % nr
     if pad_m or pad_n:
-        sch.pad_einsum(main, [1, mr if pad_m else 1, nr if pad_n else 1, 1])
+        sch.pad_einsum(main, [1, mc if pad_m else 1, nr if pad_n else 1, 1])
     a_block, b_block = _operand_blocks(sch, main, pad_m > 0 or shape.a_gather, shape.a_read)
 
     # Step 3: B into panels [S, J/nr, K, nr].
