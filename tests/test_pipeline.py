@@ -138,3 +138,53 @@ def test_the_same_model_compiles_to_the_same_program_in_fresh_processes(tmp_path
                              capture_output=True, text=True, timeout=900, check=True)
         hashes.append(out.stdout.strip().splitlines()[-1])
     assert hashes[0] == hashes[1]
+
+
+_COMPILE_WITHOUT_MEASURING = """
+import tvm, tvm_einweld
+from tvm_ffi import structural_hash
+from tvm_einweld import machine
+from tvm_einweld.commands.demo import builtin_model
+from tvm_einweld.relay_passes import op_cost
+from tvm_einweld.tir_passes import device
+from tvm_einweld.tir_passes.device import host_target
+
+timed = []  # every way the package times anything, counted instead of run
+def count(name):
+    def timer(*args, **kwargs):
+        timed.append(name)
+        raise RuntimeError("timed")
+    return timer
+machine.best_seconds = op_cost.best_seconds = count("best_seconds")
+machine.measure_machine = count("measure_machine")
+device._copy_bandwidth = count("copy_bandwidth")
+tvm.runtime.Module.time_evaluator = count("time_evaluator")
+
+mod = builtin_model(channels=8, size=10)
+stages = tvm_einweld.EinweldOptimize(host_target(), measure=False)
+out = stages(mod)
+changed = sum(r.applied for r in stages.derivation.last_results) + len(stages.fusion.report.replaced)
+print(len(timed), changed, all(c.equal for c in stages.checks if c.ran), structural_hash(out))
+"""
+
+
+def test_measure_false_compiles_the_same_program_without_timing_anything(tmp_path):
+    """`measure=False`: every choice by the cost model at the target's nominal peaks. Two
+    compiles in fresh processes, each with its own empty cache, time nothing at all (every
+    timer of the package is replaced by a counter) and return the same program, which still
+    made choices (rewrites or fused groups) and passed its whole-module checks."""
+    import os
+    import subprocess
+    import sys
+
+    results = []
+    for run_ in range(2):
+        env = dict(os.environ, TVM_EINWELD_CACHE=str(tmp_path / f"cache{run_}"))
+        out = subprocess.run([sys.executable, "-c", _COMPILE_WITHOUT_MEASURING], env=env,
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, out.stderr[-2000:]
+        results.append(out.stdout.strip().splitlines()[-1].split())
+    for timed, changed, checked, _ in results:
+        assert timed == "0", f"{timed} timings"
+        assert int(changed) > 0 and checked == "True"
+    assert results[0][3] == results[1][3]

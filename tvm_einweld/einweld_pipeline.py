@@ -71,16 +71,20 @@ class EinweldOptimize:
     Parameters: `target` (default: the current target), `trials` (MetaSchedule trials for
     adaptive-layout tuning; 0 = no tuning), `work_dir` (tuning database; a temporary folder
     when not given), `derive` / `fuse` (turn stages off), `layout_strategy` ("adaptive",
-    "NL", "LR", "LC"), and option dicts passed to DerivationTransform / TileGraphFusion /
-    the tuner.
+    "NL", "LR", "LC"), `measure` (False: every choice by the cost model at the target's
+    nominal peaks, nothing timed while compiling, so the same model and target always give
+    the same program; see `cost_model`. Tuning, when trials > 0, is measurement by nature:
+    the tuned module is still timed against the untuned one), and option dicts passed to
+    DerivationTransform / TileGraphFusion / the tuner.
     """
 
     def __init__(self, target: TargetLike = None, trials: int = 0, work_dir: Optional[str] = None,
                  derive: bool = True, fuse: bool = True, layout_strategy: str = "adaptive",
                  derive_options: Optional[Dict[str, Any]] = None,
                  fuse_options: Optional[Dict[str, Any]] = None,
-                 tune_options: Optional[Dict[str, Any]] = None) -> None:
+                 tune_options: Optional[Dict[str, Any]] = None, measure: bool = True) -> None:
         self.target = target
+        self.measure = measure
         self.trials = int(trials)
         self.work_dir = work_dir
         self.derive = derive
@@ -99,6 +103,7 @@ class EinweldOptimize:
         self.stage_seconds: Dict[str, float] = {}  # wall time of each stage of the last run
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+        from .cost_model import nominal_device
         from .relay_passes.derivation_transform import DerivationTransform
         from .tir_passes import TileGraphFusion, prepare
         from .tir_passes.rules.cpu import ApplyCPURules
@@ -112,7 +117,8 @@ class EinweldOptimize:
         with target:
             if self.derive:
                 with clock("derivation"):
-                    options = {"target": target, **self.derive_options}
+                    options = {"target": target, "measure": self.measure,
+                               **self.derive_options}
                     self.derivation = DerivationTransform(**options)
                     mod = self.derivation(mod)  # checked whole inside the pass
                     self.checks += self.derivation.checks
@@ -124,7 +130,9 @@ class EinweldOptimize:
                 ])(mod)
             if self.fuse:
                 with clock("tile-graph fusion"):
-                    self.fusion = TileGraphFusion(target, **self.fuse_options)
+                    options = {} if self.measure else {"measure": False,
+                                                       "device": nominal_device(target)}
+                    self.fusion = TileGraphFusion(target, **{**options, **self.fuse_options})
                     mod = self.fusion(mod)  # checked whole inside the pass
                     self.checks += self.fusion.checks
             if target.kind.name == "llvm":

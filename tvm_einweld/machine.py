@@ -274,7 +274,9 @@ def measure_machine() -> MachineInfo:
 def describe_machine(cache_dir_: Optional[Path] = None, refresh: bool = False) -> MachineInfo:
     """The measured description of this machine, from the disk cache when it matches.
 
-    A measurement taken while the machine was busy is used once but not cached.
+    A measurement taken while the machine was busy is cached too (it says so in `describe`,
+    and `refresh=True` measures again): a figure that moved from one process to the next would
+    move the choices made with it.
     """
     cache = Path(cache_dir_ or cache_dir()) / "machine.json"
     key = {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count() or 1,
@@ -287,9 +289,8 @@ def describe_machine(cache_dir_: Optional[Path] = None, refresh: bool = False) -
         except (ValueError, TypeError):
             pass  # unreadable or from an older layout: measure again
     info = measure_machine()
-    if not info.measured_under_load:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(dataclasses.asdict(info), indent=1))
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(dataclasses.asdict(info), indent=1))
     return info
 
 

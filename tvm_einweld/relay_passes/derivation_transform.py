@@ -40,6 +40,7 @@ evidence, estimated and measured times; so does every `RewriteLog` instrument of
 """
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from dataclasses import dataclass, field, replace
@@ -51,14 +52,15 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from ..cost_model import Peaks, peaks_for
 from ..expr.expression import Expr
 from ..expr.fingerprint import structurally_equal
 from ..verify.random_testing import compare_relax
 from ..verify.smt import ProofResult
 from . import numpy_gemm
 from .op_cost import (
-    EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, program_seconds, roofline_seconds,
-    static_shape, tensor_nbytes, time_call,
+    EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, estimate_call, iteration_points,
+    program_seconds, roofline_seconds, static_shape, tensor_nbytes, time_call,
 )
 from .rewrite_log import active_logs, write_records
 from .search import Budget, SearchResult, SearchStats, State, default_rules, \
@@ -276,10 +278,12 @@ def subprogram_module(ops: Sequence[OpNode], emits: Optional[Sequence[Emit]] = N
 _EOP_SUFFIX = re.compile(r"[_\d]+$")
 
 
-def program_kernels(mod: tvm.IRModule, target: str) -> Tuple[Kernel, ...]:
-    """The kernels of `mod["main"]` with their times: operators and providers timed, eOperators
-    (`call_tir`) estimated from bytes moved, and kernels whose inputs are all constants free
-    (FoldConstant evaluates them at compile time)."""
+def program_kernels(mod: tvm.IRModule, target: str, peaks: Optional[Peaks] = None
+                    ) -> Tuple[Kernel, ...]:
+    """The kernels of `mod["main"]` with their times: operators and providers timed (with
+    `peaks`, the nominal figures of `measure=False`: estimated by the roofline instead),
+    eOperators (`call_tir`) estimated from bytes moved, and kernels whose inputs are all
+    constants free (FoldConstant evaluates them at compile time)."""
     kernels: List[Kernel] = []
     constant: set = set()
     for block in mod["main"].body.blocks:
@@ -295,19 +299,24 @@ def program_kernels(mod: tvm.IRModule, target: str) -> Tuple[Kernel, ...]:
             if name == "relax.call_tir":
                 label = "eop:" + _EOP_SUFFIX.sub("", call.args[0].name_hint)
                 moved = sum(tensor_nbytes(t.ty) for t in tensors) + tensor_nbytes(binding.var.ty)
-                intensity = _points(mod[call.args[0]]) * _itemsize(binding.var.ty) / moved
+                intensity = iteration_points(mod[call.args[0]]) * _itemsize(binding.var.ty) / moved
                 if intensity >= EOP_MAX_INTENSITY and not folded:
                     # The bandwidth estimate only holds for memory-bound kernels; EinNet maps
                     # compute-bound expressions to predefined operators or not at all.
                     raise NotImplementedError(
                         f"{label} is compute-bound ({intensity:.1f} FLOPs/element); no "
                         f"predefined operator matched it")
-                kernels.append(Kernel(label, 0.0 if folded else eop_seconds_from_bytes(moved),
+                kernels.append(Kernel(label, 0.0 if folded else eop_seconds_from_bytes(moved, peaks),
                                       False))
                 continue
             if name == "relax.call_dps_packed":
                 name = str(call.args[0].global_symbol)
-            kernels.append(Kernel(name, 0.0 if folded else time_call(call, target), not folded))
+            if folded:
+                kernels.append(Kernel(name, 0.0, False))
+            elif peaks is not None:
+                kernels.append(Kernel(name, estimate_call(call, peaks), False))
+            else:
+                kernels.append(Kernel(name, time_call(call, target), True))
     return tuple(kernels)
 
 
@@ -319,21 +328,6 @@ def _tensor_inputs(call: relax.Call) -> List[relax.Expr]:
         elif isinstance(getattr(arg, "ty", None), relax.TensorType):
             out.append(arg)
     return out
-
-
-def _points(func) -> int:
-    """Iteration points of a PrimFunc: the sum over its blocks of their iteration domains."""
-    from tvm import s_tir
-    from tvm_ffi import structural_walk
-
-    total = [0]
-
-    def visit(block) -> None:
-        if len(block.iter_vars):
-            total[0] += int(np.prod([int(iv.dom.extent) for iv in block.iter_vars]))
-
-    structural_walk(func, [(s_tir.SBlock, visit)])
-    return total[0]
 
 
 def _itemsize(ty) -> int:
@@ -357,7 +351,11 @@ class DerivationTransform:
     rewrite against the original subprogram and drops it unless it is `MIN_MEASURED_GAIN`
     faster (the eOperator estimate is a lower bound for
     kernels that run below memory bandwidth); the `measured_attempts` cheapest rewrites by
-    estimate are each verified and timed, and the fastest is kept.
+    estimate are each verified and timed, and the fastest is kept. `measure=False` times
+    nothing: operators are costed by the roofline at the target's nominal peaks
+    (`cost_model`), no rewrite is confirmed by timing, and the search is bounded by states
+    and depth only (not by `time_limit_s`, which ends a search at a point that depends on the
+    machine's speed and load), so the same module always gets the same rewrites.
     """
 
     def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 2.0,
@@ -365,9 +363,12 @@ class DerivationTransform:
                  min_speedup: float = 1.1, max_instantiations: int = 8,
                  providers: bool = False, verify_trials: int = 2,
                  log: Union[None, str, Path, list] = None,
-                 confirm_by_measurement: bool = True, measured_attempts: int = 3) -> None:
+                 confirm_by_measurement: bool = True, measured_attempts: int = 3,
+                 measure: bool = True) -> None:
         self.budget = Budget(max_depth=max_depth, max_states=max_states,
-                             time_limit_s=time_limit_s, seed=seed)
+                             time_limit_s=time_limit_s if measure else float("inf"), seed=seed)
+        self.measure = measure
+        self.peaks = peaks_for(target, measure)
         self.rules = rules
         self.targets = targets
         self.target = target
@@ -376,7 +377,7 @@ class DerivationTransform:
         self.providers = providers
         self.verify_trials = verify_trials
         self.log = log
-        self.confirm_by_measurement = confirm_by_measurement
+        self.confirm_by_measurement = confirm_by_measurement and measure
         self.measured_attempts = max(1, measured_attempts)
         self.last_results: Tuple[SubprogramResult, ...] = ()
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
@@ -516,7 +517,7 @@ class DerivationTransform:
         try:
             result = self.search(op.expr)
             stats = result.stats
-            best = tuple((s.depth, roofline_seconds(s.expr), s.rules)
+            best = tuple((s.depth, roofline_seconds(s.expr, self.peaks), s.rules)
                          for s in result.best_per_depth if s is not None)
             notes += [f"rule error: {e}" for e in stats.rule_errors[:3]]
             candidates += self._derived(op, result, notes)
@@ -555,7 +556,7 @@ class DerivationTransform:
             try:
                 emit_a, emit_b = _merged_emits(merged, self._providers)
                 mod = subprogram_module((a.op, b.op), [emit_a, emit_b])
-                kernels = program_kernels(mod, self.target)
+                kernels = program_kernels(mod, self.target, self.peaks)
             except Exception as err:  # not instantiable (yet): not a candidate
                 ops[i] = replace(a, notes=a.notes + (f"merge with {b.op.var.name} not "
                                                      f"instantiated: {type(err).__name__}: {err}",))
@@ -583,11 +584,12 @@ class DerivationTransform:
     def search(self, expr: Expr) -> SearchResult:
         rules = self.rules if self.rules is not None else default_rules()
         targets = self.targets if self.targets is not None else default_targets()
-        return distance_guided_search(expr, rules, targets, self.budget, rank=roofline_seconds)
+        rank = functools.partial(roofline_seconds, peaks=self.peaks)
+        return distance_guided_search(expr, rules, targets, self.budget, rank=rank, cost=rank)
 
     def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None
                  ) -> Program:
-        kernels = program_kernels(subprogram_module((op,), [emit]), self.target)
+        kernels = program_kernels(subprogram_module((op,), [emit]), self.target, self.peaks)
         if state is None:
             return Program(label, kernels, emit)
         steps = state.derivations

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import machine
+from ..cost_model import Peaks, measured_peaks
 from ..machine import best_seconds
 from ..expr import index as ix
 from ..expr.expression import (
@@ -100,14 +101,15 @@ def is_memory_bound(expr: Expr) -> bool:
     return arithmetic_intensity(expr) < EOP_MAX_INTENSITY
 
 
-def eop_seconds(expr: Expr) -> float:
-    """Estimated time of `expr` as an eOperator: bytes moved / measured copy bandwidth."""
-    return eop_seconds_from_bytes(bytes_moved(expr))
+def eop_seconds(expr: Expr, peaks: Optional[Peaks] = None) -> float:
+    """Estimated time of `expr` as an eOperator: bytes moved / copy bandwidth."""
+    return eop_seconds_from_bytes(bytes_moved(expr), peaks)
 
 
-def eop_seconds_from_bytes(nbytes: int) -> float:
-    """Estimated time of a memory-bound kernel that reads and writes `nbytes` in all."""
-    return nbytes / machine.profile().copy_bandwidth
+def eop_seconds_from_bytes(nbytes: int, peaks: Optional[Peaks] = None) -> float:
+    """Estimated time of a memory-bound kernel that reads and writes `nbytes` in all, at the
+    copy bandwidth of `peaks` (None: this machine's measured one)."""
+    return nbytes / (peaks or measured_peaks()).bandwidth
 
 
 @lru_cache(maxsize=65536)
@@ -136,17 +138,17 @@ def levels(expr: Expr) -> Tuple[Expr, ...]:
 
 
 @lru_cache(maxsize=65536)
-def roofline_seconds(expr: Expr) -> float:
+def roofline_seconds(expr: Expr, peaks: Optional[Peaks] = None) -> float:
     """A compile-free estimate of an expression's instantiated cost, for guiding the search:
-    per level, compute-bound ones at the machine's sgemm peak, memory-bound ones at its copy
-    bandwidth (the eOperator estimate)."""
-    prof = machine.profile()
+    per level, compute-bound ones at the compute peak, memory-bound ones at the copy
+    bandwidth (the eOperator estimate); `peaks` None: this machine's measured figures."""
+    peaks = peaks or measured_peaks()
     total = 0.0
     for level in levels(expr):
         if is_memory_bound(level):
-            total += bytes_moved(level) / prof.copy_bandwidth
+            total += bytes_moved(level) / peaks.bandwidth
         else:
-            total += flops(level) / prof.sgemm_flops
+            total += flops(level) / peaks.flops
     return total
 
 
@@ -219,6 +221,38 @@ def single_call_module(call):
     return bb.get()
 
 
+def iteration_points(func) -> int:
+    """Iteration points of a PrimFunc: the sum over its blocks of their iteration domains."""
+    from tvm import s_tir
+    from tvm_ffi import structural_walk
+
+    total = [0]
+
+    def visit(block) -> None:
+        if len(block.iter_vars):
+            total[0] += int(np.prod([int(iv.dom.extent) for iv in block.iter_vars]))
+
+    structural_walk(func, [(s_tir.SBlock, visit)])
+    return total[0]
+
+
+def estimate_call(call, peaks: Peaks) -> float:
+    """A predefined operator's time by the roofline alone, nothing compiled or run: its
+    legalised PrimFunc's iteration points (a multiply-add, 2 FLOPs, per point; an upper
+    bound for element-wise work) at `peaks.flops`, or its bytes in and out at
+    `peaks.bandwidth`, whichever is longer."""
+    import tvm
+    from tvm import relax
+
+    mod = relax.transform.LegalizeOps()(single_call_module(call))
+    points = sum(iteration_points(f) for _, f in mod.functions.items()
+                 if isinstance(f, tvm.tirx.PrimFunc))
+    args = [f for a in call.args for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
+    moved = sum(tensor_nbytes(a.ty) for a in args + [call]
+                if isinstance(getattr(a, "ty", None), relax.TensorType))
+    return max(2 * points / peaks.flops, moved / peaks.bandwidth)
+
+
 def measure_call(call, target: str = "llvm", repeats: int = 5) -> float:
     """Median seconds of `call` compiled alone for `target` and run on random inputs."""
     return measure_module(single_call_module(call), target, repeats)
@@ -272,4 +306,4 @@ __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_inte
            "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes", "eop_kernel",
            "measure_module", "measure_modules", "measured_gain", "best_seconds", "call_key", "time_call",
            "measure_call", "op_kernel", "static_shape", "tensor_nbytes", "single_call_module", "EOP_MAX_INTENSITY", "levels",
-           "roofline_seconds"]
+           "roofline_seconds", "iteration_points", "estimate_call"]

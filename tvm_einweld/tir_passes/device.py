@@ -131,8 +131,10 @@ def _measured_cpu_bandwidths(sizes: dict[str, int], key: str) -> dict[str, float
     return bandwidth
 
 
-def cpu_device(num_cores: int | None = None) -> Device:
-    """This machine's CPU: DRAM / L2 / L1 with capacities from sysfs and measured bandwidths."""
+def cpu_device(num_cores: int | None = None, bandwidth=None) -> Device:
+    """This machine's CPU: DRAM / L2 / L1 with capacities from sysfs and measured bandwidths,
+    or the bandwidths `bandwidth(level name, cores)` gives (bytes/s; no measuring: the
+    nominal device model of `cost_model.nominal_device`)."""
     import psutil  # pylint: disable=import-outside-toplevel
 
     cores = num_cores or os.cpu_count() or 1
@@ -143,11 +145,13 @@ def cpu_device(num_cores: int | None = None) -> Device:
     dram = psutil.virtual_memory().total
     probe = {"L1": 2 * l1, "L2": 2 * l2, "DRAM": 16 * max(last, l2)}
     key = f"{l1}-{l2}-{last}-{cores}"
-    bandwidth = _measured_cpu_bandwidths(probe, key)
+    if bandwidth is None:
+        measured = _measured_cpu_bandwidths(probe, key)
+        bandwidth = lambda name, _cores: measured[name]  # noqa: E731
     levels = (
-        MemoryLevel("DRAM", dram, line, bandwidth["DRAM"]),
-        MemoryLevel("L2", l2, line, bandwidth["L2"]),
-        MemoryLevel("L1", l1, line, bandwidth["L1"]),
+        MemoryLevel("DRAM", dram, line, bandwidth("DRAM", cores)),
+        MemoryLevel("L2", l2, line, bandwidth("L2", cores)),
+        MemoryLevel("L1", l1, line, bandwidth("L1", cores)),
     )
     return Device("cpu", "cpu", levels, parallel_units=cores, fuse_level=1)
 

@@ -219,12 +219,18 @@ class TileGraphFusion:
     def _alone(self, graph):
         """Seconds of a single node's analytic kernel (`rules.cpu.schedule_cpu`, constant
         weights packed at compile time: `measure.time_alone`), or None when no rule claims it
-        or it cannot be timed."""
+        or it cannot be timed. Without measurement, the model's own terms: the node's
+        compulsory traffic (its inputs and output once) at DRAM bandwidth, the ideal that a
+        tile config's penalised traffic is held against."""
         from .rules.cpu import schedule_cpu
 
         def alone(sub: SubGraph):
-            if not self.measure or schedule_cpu(sub.nodes[0].func, self.target) is None:
+            node = sub.nodes[0]
+            if schedule_cpu(node.func, self.target) is None:
                 return None
+            if not self.measure:
+                moved = sum(graph.tensors[t].nbytes for t in (*node.inputs, node.output))
+                return moved / self.device.level(0).bandwidth
             self._measured += 1
             try:
                 return time_alone(graph, sub, self.target)

@@ -45,7 +45,7 @@ Sizing (all from the target and the device model, nothing from a particular CPU)
 (FMA throughput, load ports, FMA latency over independent accumulators, see `micro_cycles`)
 under the register budget; `choose_tiles` keeps K whole while a K x nr panel of B fits in
 half of L2 (the accumulator then never leaves the registers), else blocks it for L1, and
-sizes `mc` for L2 while leaving enough parallel tiles for the cores. Cache sizes come from the device model (`device.cpu_device`, sysfs) when
+sizes `mc` for L2 while leaving enough parallel tiles for the cores. Cache sizes come from sysfs (`machine.cache_sizes`) when
 the target is this host, else from the `DEFAULT_CACHES` table.
 """
 from __future__ import annotations
@@ -213,11 +213,13 @@ def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: in
 
 @functools.lru_cache(maxsize=None)
 def _host_caches() -> CacheSizes:
-    from ...device import cpu_device  # pylint: disable=import-outside-toplevel
+    """This machine's per-core L1d / L2 from sysfs (the smallest class figures where sysfs has
+    none); read, never measured."""
+    from ....machine import cache_sizes as read_sizes  # pylint: disable=import-outside-toplevel
 
-    device = cpu_device()
-    by_name = {level.name: level.capacity for level in device.levels}
-    return CacheSizes(l1=by_name["L1"], l2=by_name["L2"])
+    sizes = read_sizes()
+    l1, l2 = DEFAULT_CACHES[128]
+    return CacheSizes(l1=sizes.get("L1", l1), l2=sizes.get("L2", l2))
 
 
 def cache_sizes(target: Target) -> CacheSizes:
