@@ -188,3 +188,26 @@ def test_measure_false_compiles_the_same_program_without_timing_anything(tmp_pat
         assert timed == "0", f"{timed} timings"
         assert int(changed) > 0 and checked == "True"
     assert results[0][3] == results[1][3]
+
+
+def test_plain_llvm_on_a_wider_host_says_so_once(monkeypatch):
+    """`tvm.compile(mod, "llvm", relax_pipeline="einweld")` names the faster host target once
+    per process when this CPU has wider vectors than generic x86-64; a target with -mcpu or
+    another machine's triple is taken as meant."""
+    import warnings
+
+    from tvm_einweld import einweld_pipeline
+    from tvm_einweld.tir_passes.device import host_target
+    from tvm_einweld.tir_passes.rules.cpu.isa import vector_isa
+
+    monkeypatch.setattr(einweld_pipeline, "_WARNED_GENERIC", [])
+    wider = vector_isa(host_target()).bits > vector_isa(tvm.target.Target("llvm")).bits
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for target in ("llvm", "llvm", host_target(),
+                       tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})):
+            einweld_pipeline._resolve_target(target)
+    said = [str(w.message) for w in seen if "generic x86-64" in str(w.message)]
+    assert len(said) == (1 if wider else 0)
+    if wider:
+        assert host_target().attrs["mcpu"] in said[0]
