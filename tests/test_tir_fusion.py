@@ -106,7 +106,9 @@ def _split_sub_tiles(graph, group):
 def test_two_level_tiles_equal_unfused(build):
     # An 8 KiB L1 makes the scheduler split the fused tiles into L1 sub-tiles, which the code
     # generator turns into the inner loop nests; the module must still compute the same values.
-    mod, fused, report = _fuse_and_compare(build(), measure=False, device=_small_l1_cpu())
+    # Tile kernels only (rules=False): the analytic rules would claim some merged groups.
+    mod, fused, report = _fuse_and_compare(build(), measure=False, device=_small_l1_cpu(),
+                                           rules=False)
     assert _multi_node_groups(report)
     graph = fusion_mod.build_tile_graph(mod)
     fused_groups = [g for g in report.plan.groups
@@ -300,3 +302,38 @@ def test_compile_pipeline_for_tvm_compile():
     args = _random_args(mod)
     got = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     np.testing.assert_allclose(got, _run(prepare()(mod), args), rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_with_prologue_and_epilogue_becomes_one_analytic_kernel():
+    """A reshape feeding a matmul with a constant weight, then bias add and ReLU: the group's
+    merged function is priced under the analytic GEMM rule (which inlines the reshape and
+    applies the epilogue in the output tile), replaces the four calls as one, and, scheduled
+    by that rule, computes what the unfused module does."""
+    from tvm_einweld.tir_passes.device import host_target
+    from tvm_einweld.tir_passes.rules.cpu import ApplyCPURules
+
+    rng = np.random.default_rng(3)
+    x = relax.Var("x", relax.TensorType((2, 37, 40), "float32"))
+    w = relax.const(rng.standard_normal((40, 53)).astype("float32"))
+    b = relax.const(rng.standard_normal((53,)).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            flat = bb.emit(relax.op.reshape(x, (74, 40)))
+            out = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.matmul(flat, w), b)))
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    mod = prepare()(bb.get())
+    target = host_target()
+    fuse = TileGraphFusion(target, measure=False)
+    fused = fuse(mod)
+    groups = [g for g in fuse.report.analytic if "+" in g]
+    assert groups, fuse.report
+    assert len(_call_tir_targets(fused)) == 1
+    rules = ApplyCPURules(target)
+    scheduled = rules(fused)
+    assert "gemm" in rules.scheduled.values()
+    args = _random_args(mod)
+    ex = tvm.compile(scheduled, target)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    np.testing.assert_allclose(got.numpy(), _run(mod, args), rtol=1e-4, atol=1e-4)

@@ -181,14 +181,20 @@ class TileGraphFusion:
         factory = KernelFactory(graph, self.device)
         self._measured = 0
         plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory),
-                                self._alone(graph) if self.rules else None)
+                                self._alone(graph, factory) if self.rules else None)
         replacements, rejected = [], []
-        pending = [(g.sub, g.candidate) for g in plan.groups if g.candidate is not None]
-        analytic = tuple(g.sub.nodes[0].name for g in plan.groups if g.candidate is None)
+        # A group whose best kernel is the analytic one (candidate None) is replaced by its
+        # merged, unscheduled function, which the analytic rules schedule later exactly as
+        # `time_alone` timed it; a single node left to them keeps its own call.
+        pending = [(g.sub, g.candidate) for g in plan.groups
+                   if g.candidate is not None or len(g.sub.nodes) > 1]
+        analytic = tuple("+".join(n.name for n in g.sub.nodes) for g in plan.groups
+                         if g.candidate is None)
         while pending:
             sub, cand = pending.pop(0)
             names = tuple(n.name for n in sub.nodes)
-            func = factory.kernel(sub, cand.config, cand.inner)
+            func = factory.kernel(sub, cand.config, cand.inner) if cand is not None else \
+                factory.merged(sub)
             result = None
             if func is None:
                 result = CheckResult(False, float("inf"), "kernel could not be generated")
@@ -197,7 +203,7 @@ class TileGraphFusion:
             if result is not None and not result.ok:
                 logger.warning("TileGraphFusion leaves %s unfused: %s", names, result.message)
                 rejected.append((names, result.message))
-                if len(sub.nodes) > 1:  # its nodes may still be tiled one by one
+                if len(sub.nodes) > 1 and cand is not None:  # its nodes may still be tiled
                     pending.extend(self._singles(graph, sub))
                 continue
             replacements.append((sub, func))
@@ -216,24 +222,30 @@ class TileGraphFusion:
                 out.append((single, cands[0]))
         return out
 
-    def _alone(self, graph):
-        """Seconds of a single node's analytic kernel (`rules.cpu.schedule_cpu`, constant
-        weights packed at compile time: `measure.time_alone`), or None when no rule claims it
-        or it cannot be timed. Without measurement, the model's own terms: the node's
-        compulsory traffic (its inputs and output once) at DRAM bandwidth, the ideal that a
-        tile config's penalised traffic is held against."""
+    def _alone(self, graph, factory):
+        """Seconds of a sub-graph's analytic kernel (`rules.cpu.schedule_cpu` on a single
+        node's function or on a group's merged one; constant weights packed at compile time:
+        `measure.time_alone`), or None when no rule claims it or it cannot be timed. Without
+        measurement, the model's own terms: the sub-graph's compulsory traffic (its inputs and
+        output once) at DRAM bandwidth, the ideal a tile config's penalised traffic is held
+        against."""
         from .rules.cpu import schedule_cpu
 
         def alone(sub: SubGraph):
-            node = sub.nodes[0]
-            if schedule_cpu(node.func, self.target) is None:
+            single = len(sub.nodes) == 1
+            try:
+                func = sub.nodes[0].func if single else factory.merged(sub)
+            except (Unsupported, ValueError):
+                return None
+            if schedule_cpu(func, self.target) is None:
                 return None
             if not self.measure:
-                moved = sum(graph.tensors[t].nbytes for t in (*node.inputs, node.output))
+                inputs = sub.nodes[0].inputs if single else sub.inputs
+                moved = sum(graph.tensors[t].nbytes for t in (*inputs, sub.output))
                 return moved / self.device.level(0).bandwidth
             self._measured += 1
             try:
-                return time_alone(graph, sub, self.target)
+                return time_alone(graph, sub, self.target, None if single else func)
             except Exception as err:  # pylint: disable=broad-except  # unbuildable = unusable
                 logger.info("analytic kernel of %s did not build: %s", sub.names, err)
                 return None
@@ -259,6 +271,11 @@ class TileGraphFusion:
         return evaluate
 
     def _check(self, graph, sub, cand, func):
+        if cand is None:  # a merged group for the analytic rules: check it as they schedule it
+            from .rules.cpu import schedule_cpu
+
+            scheduled = schedule_cpu(func, self.target)
+            return check_group(scheduled[1] if scheduled else func, graph, sub, self.target)
         if self.target.kind.name == "llvm":
             return check_group(func, graph, sub, self.target)
         # The CPU twin only checks the numbers of the plan; the CUDA kernel had its own checks.

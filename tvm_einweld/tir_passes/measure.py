@@ -97,9 +97,11 @@ def measure_modules(mods, target, repeats: int = 5) -> list[float]:
     return best
 
 
-def time_alone(graph: TileGraph, sub: SubGraph, target) -> float:
-    """Seconds of a single node's kernel as the pipeline builds it outside any tile group:
-    its PrimFunc called from Relax with the graph's real constants, scheduled by the analytic
+def time_alone(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | None = None
+               ) -> float:
+    """Seconds of a kernel as the pipeline builds it outside any tile group: a single node's
+    PrimFunc, or `func` (a group's merged, unscheduled PrimFunc, params `sub.inputs` then the
+    output), called from Relax with the graph's real constants and scheduled by the analytic
     rules with those constants packed at compile time (timing the bare scheduled PrimFunc
     would charge the packing of constant weights to every call). Cached like `time_kernel`."""
     from tvm import relax
@@ -108,8 +110,9 @@ def time_alone(graph: TileGraph, sub: SubGraph, target) -> float:
     from ..machine import cached, code_version
 
     node = sub.nodes[0]
+    inputs = node.inputs if func is None else sub.inputs
     params, args = [], []
-    for name in node.inputs:
+    for name in inputs:
         expr = graph.exprs[name]
         if isinstance(expr, relax.Var):
             tensor = graph.tensors[name]
@@ -118,9 +121,9 @@ def time_alone(graph: TileGraph, sub: SubGraph, target) -> float:
             args.append(var)
         else:
             args.append(expr)
-    out = graph.tensors[node.output]
+    out = graph.tensors[sub.output]
     bb = relax.BlockBuilder()
-    kernel = bb.add_func(node.func, "kernel")
+    kernel = bb.add_func(node.func if func is None else func, "kernel")
     with bb.function("main", params):
         with bb.dataflow():
             result = bb.emit_output(relax.call_tir(kernel, args,

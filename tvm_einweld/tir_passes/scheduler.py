@@ -288,9 +288,11 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
 
     `evaluate(sub, candidate)` returns the seconds of that tile config measured on the target,
     or None when it cannot be built; without it, configs are priced by `estimated_seconds`.
-    `alone(single-node sub)` returns the seconds of the node's own kernel outside any group
-    (an analytic schedule), or None: a node is then priced at the better of the two, so a
-    group is formed only when it beats its members' best kernels, not their default tiles.
+    `alone(sub)` returns the seconds of the sub-graph's kernel under an analytic schedule
+    instead of a tile config (a single node's own kernel; a group's merged function, e.g. a
+    GEMM with its reshape prologue and bias/activation epilogue inlined), or None: a sub-graph
+    is priced at the better of the two, so a group is formed only when it beats its members'
+    best kernels, not their default tiles.
     """
     start = time.perf_counter()
     groups = _Groups([n.name for n in graph.nodes])
@@ -309,7 +311,7 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
                     seconds = evaluate(sub, cand)
                 if seconds is not None and (plan is None or seconds < plan.latency):
                     plan = GroupPlan(sub, cand, seconds)
-            own = alone(sub) if alone is not None and len(names) == 1 else None
+            own = alone(sub) if alone is not None else None
             if own is not None and (plan is None or own < plan.latency):
                 plan = GroupPlan(sub, None, own)
         best[names] = plan
