@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Union
 import tvm
 from tvm import relax
 
-from .relay_passes.op_cost import measure_modules
+from .tir_passes.measure import compare_modules
 
 # Tuned records are kept only when the whole tuned module is this much faster than the untuned
 # one (alternating best-of-five timings; a smaller difference is within the noise).
@@ -201,11 +201,11 @@ class EinweldOptimize:
             return mod
         # A small budget spread over many tasks can leave kernels worse than the untuned
         # (tile-scheduled) ones: the records are kept only when the whole module gains.
-        self.tuning_seconds = tuple(measure_modules([mod, tuned], target))
-        if self.tuning_seconds[1] * MIN_TUNED_GAIN >= self.tuning_seconds[0]:
-            warnings.warn(f"EinweldOptimize: the tuned module is not faster "
-                          f"({self.tuning_seconds[1]:.3g} s vs {self.tuning_seconds[0]:.3g} s "
-                          f"untuned); the tuning records are not used")
+        verdict = compare_modules(mod, tuned, target, MIN_TUNED_GAIN)
+        self.tuning_seconds = (verdict.before, verdict.after)
+        if not verdict.faster:
+            warnings.warn(f"EinweldOptimize: the tuned module is not faster ({verdict.describe()}"
+                          f" needed); the tuning records are not used")
             return mod
         self.tuned = True
         return tuned

@@ -271,15 +271,19 @@ def measure_modules(mods: Sequence, target: str = "llvm", repeats: int = 5) -> L
     return measure(mods, target, repeats)
 
 
-def measured_gain(before, after, target: str = "llvm", repeats: int = 5
-                  ) -> Tuple[float, float]:
-    """(seconds of `before`, seconds of `after`), cached on disk by the modules' structural
-    hashes, target and package version: a decision made once is made the same way when the
-    same model is compiled again, whatever the machine's load then."""
+def measured_comparison(before, after, target: str = "llvm", min_ratio: float = 1.05):
+    """`tir_passes.measure.compare_modules` of two modules, cached on disk by the modules'
+    structural hashes, target, ratio and package version: a decision made once is made the
+    same way when the same model is compiled again, whatever the machine's load then."""
     from tvm_ffi import structural_hash
 
-    key = f"{machine.code_version()}|{target}|modules|{structural_hash(before)}|{structural_hash(after)}"
-    return tuple(machine.cached(key, lambda: measure_modules([before, after], target, repeats)))
+    from ..tir_passes.measure import Comparison, compare_modules
+
+    key = (f"{machine.code_version()}|{target}|compare {min_ratio:g}|{structural_hash(before)}"
+           f"|{structural_hash(after)}")
+    fields = machine.cached(key, lambda: list(vars(compare_modules(before, after, target,
+                                                                    min_ratio)).values()))
+    return Comparison(*fields)
 
 
 def time_call(call, target: str = "llvm") -> float:
@@ -304,6 +308,6 @@ def op_kernel(call, target: str = "llvm", name: Optional[str] = None) -> Kernel:
 
 __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_intensity",
            "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes", "eop_kernel",
-           "measure_module", "measure_modules", "measured_gain", "best_seconds", "call_key", "time_call",
+           "measure_module", "measure_modules", "measured_comparison", "best_seconds", "call_key", "time_call",
            "measure_call", "op_kernel", "static_shape", "tensor_nbytes", "single_call_module", "EOP_MAX_INTENSITY", "levels",
            "roofline_seconds", "iteration_points", "estimate_call"]

@@ -69,11 +69,12 @@ def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
     return float(cached(key, measure))
 
 
-def measure_modules(mods, target, repeats: int = 5) -> list[float]:
-    """Seconds of each Relax module's `main` built as the einweld pipeline builds kernels
-    (`fusion.analytic_pipeline`: analytic schedules, constant weights packed at compile time),
-    timed in alternating rounds (a b a b ...) so that a drift of the machine's load hits all
-    alike; each module's best round is kept (other processes only ever add time)."""
+def module_rounds(mods, target, rounds: int = 5) -> list[list[float]]:
+    """Per round, the seconds of each Relax module's `main`, built as the einweld pipeline
+    builds kernels (`fusion.analytic_pipeline`: analytic schedules, constant weights packed at
+    compile time) and run on the same random inputs. Rounds alternate the modules (a b, b a,
+    a b, ...) so that a drift of the machine's load, or the cache state one leaves behind,
+    hits all alike; each sample is `machine.best_seconds` of one looped call (>= 10 ms)."""
     from tvm import relax
 
     from ..machine import best_seconds
@@ -90,11 +91,53 @@ def measure_modules(mods, target, repeats: int = 5) -> list[float]:
                                                 str(p.ty.dtype), rng), dev)
                 for p in mod["main"].params]
         calls.append(lambda fn=fn, args=args: fn(*args))
-    best = [float("inf")] * len(calls)
-    for _ in range(repeats):
-        for k, call in enumerate(calls):
-            best[k] = min(best[k], best_seconds(call, repeats=1))
-    return best
+    out = []
+    for r in range(rounds):
+        order = range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))
+        sample = [0.0] * len(calls)
+        for k in order:
+            sample[k] = best_seconds(calls[k], repeats=1)
+        out.append(sample)
+    return out
+
+
+def measure_modules(mods, target, repeats: int = 5) -> list[float]:
+    """Seconds of each module (see `module_rounds`): its best round, since other processes
+    only ever add time."""
+    rounds = module_rounds(mods, target, repeats)
+    return [min(r[k] for r in rounds) for k in range(len(mods))]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paired timing of two modules, `before` and `after`: the medians of their rounds and
+    in how many rounds `after` beat `before` by `min_ratio`. `faster` needs both: the medians
+    apart by the ratio and a win in every round but at most one (a sign test: by chance alone,
+    with no real difference, that happens in 8 of 128 runs of 7 rounds), so a difference
+    within the timing noise of a busy machine keeps what was there."""
+
+    before: float
+    after: float
+    rounds: int
+    wins: int
+    min_ratio: float
+
+    @property
+    def faster(self) -> bool:
+        return self.wins >= self.rounds - 1 and self.after * self.min_ratio < self.before
+
+    def describe(self) -> str:
+        return (f"measured {self.after:.3g} s vs {self.before:.3g} s (medians of {self.rounds} "
+                f"alternating rounds), {self.wins}/{self.rounds} rounds faster by "
+                f"{self.min_ratio:g}x")
+
+
+def compare_modules(before, after, target, min_ratio: float, rounds: int = 7) -> Comparison:
+    """Time `before` and `after` in alternating rounds (`module_rounds`) and compare them."""
+    samples = module_rounds([before, after], target, rounds)
+    wins = sum(1 for b, a in samples if a * min_ratio < b)
+    return Comparison(float(np.median([b for b, _ in samples])),
+                      float(np.median([a for _, a in samples])), rounds, wins, min_ratio)
 
 
 def time_alone(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | None = None
