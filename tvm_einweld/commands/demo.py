@@ -113,7 +113,9 @@ def show_stages(stages) -> None:
             print(f"    derived {' + '.join(chosen)} by {' > '.join(rules)}")
             print(f"    estimate {r.est_time_s * 1e3:.3f} ms vs {r.orig_time_s * 1e3:.3f} ms; "
                   f"verified: {r.verified} ({r.verification})")
-    if not results:
+    if stages.derivation is None:
+        print("  off")
+    elif not results:
         print("  no supported subprogram")
     print("Tile-graph fusion (Welder):")
     report = stages.fusion.report if stages.fusion is not None else None
