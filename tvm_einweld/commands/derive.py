@@ -40,27 +40,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_onnx_as_relax(path: str, input_shape: Sequence[str] = ()):
     """The Relax module of an ONNX file, weights as constants, dynamic input dimensions bound
     (`--input-shape` specs, 1 otherwise); UserError for bad input."""
-    from .model_input import bind_shapes, read_onnx, to_relax
+    from .model_input import load, read_onnx
 
-    model, _ = bind_shapes(read_onnx(path), input_shape)
-    return to_relax(model, path)
+    return load(read_onnx(path), path, input_shape, say=lambda _: None)[1]
 
 
 def run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from ..relay_passes.derivation_transform import DerivationTransform
-    from .model_input import bind_shapes, dynamic_shape_notes, read_onnx, to_relax
+    from .model_input import load, read_onnx
 
     if args.max_depth < 0 or args.max_states < 1 or args.time_limit <= 0:
         raise UserError("--max-depth must be >= 0, --max-states >= 1, --time-limit > 0")
     # With --json, stdout holds the JSON object alone: everything else goes to stderr.
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
-    model, bound = bind_shapes(read_onnx(args.model), args.input_shape)
-    mod = to_relax(model, args.model)
-    for line in bound:
-        say(line)
-    for line in dynamic_shape_notes(mod):
-        say(f"note: left out of the search (dynamic shape): {line}")
+    _, mod = load(read_onnx(args.model), args.model, args.input_shape, say)
     transform = DerivationTransform(max_depth=args.max_depth, max_states=args.max_states,
                                     time_limit_s=args.time_limit, seed=args.seed)
     results = _analyse(transform, mod)

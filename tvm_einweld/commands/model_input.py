@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 
 def add_input_shape_argument(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +71,18 @@ def to_relax(model, path: str):
     return relax.transform.Normalize()(mod)
 
 
+def load(model, path: str, specs: Sequence[str], say: Callable[[str], None] = print):
+    """(model with its inputs bound, its Relax module), saying through `say` which dynamic
+    dimensions were bound to what and which operators keep a dynamic shape."""
+    model, bound = bind_shapes(model, specs)
+    mod = to_relax(model, path)
+    for line in bound:
+        say(line)
+    for line in dynamic_shape_notes(mod):
+        say(f"note: left out of the derivation search (dynamic shape): {line}")
+    return model, mod
+
+
 def dynamic_shape_notes(mod) -> List[str]:
     """One line per operator the derivation search leaves alone because of a dynamic shape
     (data-dependent shapes that binding the inputs cannot make static)."""
@@ -81,13 +93,11 @@ def dynamic_shape_notes(mod) -> List[str]:
 
 
 def sentence(err: BaseException) -> str:
-    """An exception as a sentence: its message, or its kind in words when it has none."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    if isinstance(err, NotImplementedError):
-        return f"not supported: {text}" if text else "not supported"
-    return text or type(err).__name__
-
-
+    """An exception as a sentence: the first line of its message in words (`plain_note`), or
+    its kind when it has no message."""
+    text = str(err).strip()
+    return plain_note(f"{type(err).__name__}: {text.splitlines()[0]}") if text else \
+        type(err).__name__
 
 # "NotImplementedError: x" or "TVMError: x" inside a note (the passes' raw exception text).
 _EXCEPTION = re.compile(r"\b(?:[A-Za-z_]+\.)*([A-Z][A-Za-z]*(?:Error|Exception|NotApplicable))"

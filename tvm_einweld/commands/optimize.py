@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..einweld_pipeline import EinweldOptimize
     from ..relay_passes.rewrite_log import RewriteLog
     from .demo import show_stages
-    from .model_input import bind_shapes, dynamic_shape_notes, read_onnx, to_relax
+    from .model_input import load, read_onnx
 
     if args.trials < 0:
         raise UserError("--trials must be >= 0")
@@ -78,12 +78,7 @@ def run(args: argparse.Namespace) -> int:
               f"not be checked or run here. Pass --cross-compile to compile and export it "
               f"anyway (every check that needs the device is then skipped).")
         return 2
-    model, bound = bind_shapes(read_onnx(args.model), args.input_shape)
-    mod = to_relax(model, args.model)
-    for line in bound:
-        print(line)
-    for line in dynamic_shape_notes(mod):
-        print(f"note: left out of the derivation search (dynamic shape): {line}")
+    model, mod = load(read_onnx(args.model), args.model, args.input_shape)
     note = unsupported_note(mod)
     if note:
         print(note)

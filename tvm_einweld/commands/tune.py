@@ -126,13 +126,10 @@ def _tune_model(model, path: str, args, work_dir: str) -> int:
         prepare_relax,
         relax_tasks,
     )
-    from tvm_einweld.commands.model_input import bind_shapes, to_relax
+    from tvm_einweld.commands.model_input import load
     from tvm_einweld.models import random_inputs
 
-    model, bound = bind_shapes(model, args.input_shape)
-    for line in bound:
-        print(line, flush=True)
-    mod = to_relax(model, path)
+    model, mod = load(model, path, args.input_shape)
     target = _target()
     _LOG.info("extracting tuning tasks ...")
     num_tasks = len(relax_tasks(prepare_relax(mod, None, target), target))
