@@ -18,7 +18,8 @@ def parse(*argv):
     [
         ((), "either an ONNX model"),
         (("m.onnx", "--task", "conv2d:1,8,8,8,8,3,1,1"), "either an ONNX model"),
-        (("missing.onnx",), "not found"),
+        (("missing.onnx",), "no such ONNX file: missing.onnx"),
+        (("--task", "conv2d:1,8,8,8,8,3,1,1", "--input-shape", "x:1x4x8x8"), "--input-shape"),
         (("--task", "conv2d:1,8,8"), "eight integers"),
         (("--task", "conv3d:1,8,8,8,8,3,1,1"), "only conv2d"),
         (("--task", "conv2d:1,8,8,8,8,3,0,1"), "positive"),
@@ -35,8 +36,20 @@ def test_bad_input_is_a_user_error(argv, message):
 def test_not_an_onnx_file(tmp_path):
     path = tmp_path / "model.txt"
     path.write_text("x")
-    with pytest.raises(UserError, match=".onnx"):
+    with pytest.raises(UserError, match="not a valid ONNX model"):
         tune.run(parse(str(path)))
+
+
+def test_a_directory_is_named_as_one(tmp_path):
+    with pytest.raises(UserError, match="is a directory, not an ONNX file"):
+        tune.run(parse(str(tmp_path)))
+
+
+@pytest.mark.parametrize("secs, text", [(None, "n/a"), (3.89e-6, "3.89 µs"), (2.5e-4, "0.250 ms"),
+                                        (12.0, "12.0 s")])
+def test_times_are_shown_in_a_unit_that_keeps_their_digits(secs, text):
+    """Never "best so far 0.0000 ms" (issue 17)."""
+    assert tune.duration(secs) == text
 
 
 @pytest.mark.slow
@@ -61,8 +74,8 @@ def tiny_onnx_conv(path):
         [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
          helper.make_node("Relu", ["c"], ["y"])],
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 8, 8])],
         initializer=[w, b],
     )
     onnx.save(helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)]), path)
@@ -72,7 +85,12 @@ def tiny_onnx_conv(path):
 def test_onnx_model_end_to_end(capsys, tmp_path):
     path = str(tmp_path / "conv.onnx")
     tiny_onnx_conv(path)
-    code = tune.run(parse(path, "--trials", "2", "--per-round", "2", "--work-dir", str(tmp_path / "db")))
+    code = tune.run(parse(path, "--trials", "2", "--per-round", "2", "--work-dir", str(tmp_path / "db"),
+                          "--input-shape", "x:2x4x8x8"))
     out = capsys.readouterr().out
     assert code == 0, out
+    assert "input x: 2x4x8x8, dynamic dimensions bound as given: N=2" in out
     assert "final comparison" in out and "outputs of the tuned and untuned builds agree" in out
+    assert "0.0000 ms" not in out
+    tuned_speedup = float(out.split("| tuned |")[1].split("|")[1].strip().rstrip("x"))
+    assert (tuned_speedup < 1) == ("the tuned build is slower" in out)

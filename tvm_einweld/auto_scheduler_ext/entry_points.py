@@ -9,6 +9,7 @@ stage then runs the compile-time layout passes of
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable, Optional
 
 import tvm
@@ -61,7 +62,9 @@ def _tune_tasks(
         raise ValueError("no tuning tasks in the module")
     target = Target(target) if not isinstance(target, Target) else target
     chosen = make_selector(layout_strategy, selector)
-    database = database if database is not None else ms.database.JSONDatabase(work_dir=work_dir)
+    if database is None:
+        os.makedirs(work_dir, exist_ok=True)  # JSONDatabase cannot create its folder
+        database = ms.database.JSONDatabase(work_dir=work_dir)
     builder = builder or default_builder()
     runner = runner or ms.runner.LocalRunner()
     trials = _trials_per_task(max_trials_global, max_trials_per_task, len(tasks))

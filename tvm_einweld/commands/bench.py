@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -76,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown runner or baseline {', '.join(unknown or [baseline])}; "
                         f"known: {', '.join(RUNNERS)}")
     command = "python -m tvm_einweld bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    # Progress (model, runner, timing) on stderr with elapsed seconds; stdout gets the report.
+    progress = logging.getLogger("tvm_einweld.progress")
     result = suite.run_suite(config, command=getattr(args, "command_line", None) or command,
+                             log=lambda line: progress.info("%s", line),
                              on_model=lambda partial: report.write_report(partial, args.output,
                                                                           chart=False))
     notes = report.write_report(result, args.output, chart=not args.no_chart)

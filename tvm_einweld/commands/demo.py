@@ -99,6 +99,8 @@ def show_expressions(mod, seed: int) -> int:
 
 def show_stages(stages) -> None:
     """Section 2: what each stage of the pipeline found."""
+    from .model_input import plain_note
+
     print("Derivation search (EinNet):")
     results = stages.derivation.last_results if stages.derivation is not None else ()
     for r in results:
@@ -112,8 +114,10 @@ def show_stages(stages) -> None:
         if rules:
             print(f"    derived {' + '.join(chosen)} by {' > '.join(rules)}")
             print(f"    estimate {r.est_time_s * 1e3:.3f} ms vs {r.orig_time_s * 1e3:.3f} ms; "
-                  f"verified: {r.verified} ({r.verification})")
-    if not results:
+                  f"verified: {r.verified} ({plain_note(r.verification)})")
+    if stages.derivation is None:
+        print("  off")
+    elif not results:
         print("  no supported subprogram")
     print("Tile-graph fusion (Welder):")
     report = stages.fusion.report if stages.fusion is not None else None
@@ -139,7 +143,7 @@ def show_stages(stages) -> None:
     print(f"  {tuning_summary(stages)}")
     print("Whole-module checks (each stage's module run against the module it was given):")
     for check in stages.checks:
-        print(f"  {check}")
+        print(f"  {plain_note(str(check))}")
     if not stages.checks:
         print("  no stage changed the module")
     seconds = getattr(stages, "stage_seconds", {})

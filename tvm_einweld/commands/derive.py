@@ -10,10 +10,17 @@ back; `--json` prints one JSON object: {"subprograms": [{"ops", "chosen": {"ops"
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-from pathlib import Path
+import logging
+import sys
+import time
+from typing import Sequence
+
+from .model_input import add_input_shape_argument
 
 HELP = "run the derivation search on every subprogram of an ONNX model"
+_LOG = logging.getLogger("tvm_einweld.progress")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,44 +32,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=5.0,
                         help="search seconds per operator (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object on stdout (progress and notes on stderr)")
+    add_input_shape_argument(parser)
 
 
-def load_onnx_as_relax(path: str):
-    """The Relax module of an ONNX file, weights as constants; UserError for bad input."""
-    from ..cli import UserError
+def load_onnx_as_relax(path: str, input_shape: Sequence[str] = ()):
+    """The Relax module of an ONNX file, weights as constants, dynamic input dimensions bound
+    (`--input-shape` specs, 1 otherwise); UserError for bad input."""
+    from .model_input import load, read_onnx
 
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"no such ONNX file: {path}")
-    import onnx
-
-    try:
-        model = onnx.load(str(file))
-        onnx.checker.check_model(model)
-    except Exception as err:  # onnx raises DecodeError, ValidationError, ...
-        raise UserError(f"{path} is not a valid ONNX model: {type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''}") from err
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    try:
-        mod = from_onnx(model, keep_params_in_input=False)
-    except Exception as err:
-        raise UserError(f"TVM cannot import {path}: {type(err).__name__}: {err}") from err
-    return relax.transform.Normalize()(mod)
+    return load(read_onnx(path), path, input_shape, say=lambda _: None)[1]
 
 
 def run(args: argparse.Namespace) -> int:
     from ..cli import UserError
     from ..relay_passes.derivation_transform import DerivationTransform
+    from .model_input import load, read_onnx
 
     if args.max_depth < 0 or args.max_states < 1 or args.time_limit <= 0:
         raise UserError("--max-depth must be >= 0, --max-states >= 1, --time-limit > 0")
-    mod = load_onnx_as_relax(args.model)
+    # With --json, stdout holds the JSON object alone: everything else goes to stderr.
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
+    _, mod = load(read_onnx(args.model), args.model, args.input_shape, say)
     transform = DerivationTransform(max_depth=args.max_depth, max_states=args.max_states,
                                     time_limit_s=args.time_limit, seed=args.seed)
-    _, results = transform.analyse(mod, apply=False)
+    results = _analyse(transform, mod)
     if args.json:
         print(json.dumps({"subprograms": [r.to_json() for r in results]}, indent=1))
         return 0
@@ -73,7 +68,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyse(transform, mod) -> list:
+    """`transform.analyse(mod, apply=False)`, one progress line per subprogram on stderr."""
+    from ..relay_passes.subprograms import split_module
+    from .model_input import sentence
+
+    subs = [sub for split in split_module(mod).values() for sub in split.subprograms]
+    results = []
+    for k, sub in enumerate(subs, 1):
+        start = time.perf_counter()
+        try:
+            results.append(transform.optimise_subprogram(sub))
+            outcome = ""
+        except Exception as err:  # one subprogram's failure leaves the others to report
+            outcome = f": not optimised ({sentence(err)})"
+        _LOG.info("subprogram %d/%d %s#%d (%s): %.1f s%s", k, len(subs), sub.function,
+                  sub.index, ", ".join(sub.kinds), time.perf_counter() - start, outcome)
+    return results
+
+
 def _print_result(r) -> None:
+    from .model_input import plain_note
+
     sub = r.subprogram
     print(f"subprogram {sub.function}#{sub.index}: {', '.join(sub.kinds)}")
     for o in r.ops:
@@ -85,12 +101,22 @@ def _print_result(r) -> None:
         for depth, est, rules in o.best_per_depth:
             print(f"    best at depth {depth}: {est * 1e3:.3f} ms by the roofline estimate  "
                   f"[{' > '.join(rules) or '-'}]")
+        if len(o.candidates) > 1:
+            # The estimate's favourite is verified and timed before it is kept, so the chosen
+            # candidate need not be the first line: the legend says what each mark means.
+            print("    candidates by estimated time (* chosen: verified and, where timed, "
+                  "measured faster than the original; x timed and not faster)")
         for c in sorted(o.candidates, key=lambda c: c.seconds):
-            mark = "*" if c is o.chosen else " "
+            mark = "*" if c is o.chosen else "x" if any(c is t for t in o.tried) else " "
             rules = " > ".join(c.rules) or "-"
             print(f"   {mark} {c.seconds * 1e3:9.3f} ms  {c.label:10s} {' + '.join(c.ops)}"
                   f"  [{rules}]")
-        for note in o.notes[-3:]:
+        for note in dict.fromkeys(plain_note(n) for n in o.notes):  # once each, in order
             print(f"    note: {note}")
+    measured = ""
+    if r.measured_before_s is not None and r.measured_after_s is not None:
+        which = "rewritten" if r.applied else "for the last rewrite tried, not applied"
+        measured = (f"; measured {r.measured_after_s * 1e3:.3f} ms {which} vs "
+                    f"{r.measured_before_s * 1e3:.3f} ms original")
     print(f"  chosen: {r.est_time_s * 1e3:.3f} ms estimated vs {r.orig_time_s * 1e3:.3f} ms "
-          f"original; verified: {r.verified} ({r.verification})")
+          f"original{measured}; verified: {r.verified} ({plain_note(r.verification)})")

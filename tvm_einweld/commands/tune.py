@@ -7,14 +7,20 @@ single-strategy tuning at the same trials); for a model, the tuned build against
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import tempfile
+
+from .model_input import add_input_shape_argument
+
+_LOG = logging.getLogger("tvm_einweld.progress")
 
 HELP = "tune with adaptive layout strategies (AL-Ansor on MetaSchedule): an ONNX model or one conv2d task"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", help="ONNX model to tune (static input shapes)")
+    parser.add_argument("model", nargs="?", help="ONNX model to tune (dynamic dimensions bound by "
+                        "--input-shape, 1 otherwise)")
     parser.add_argument("--task", help="tune one conv block instead: conv2d:N,C,H,W,F,K,S,P "
                         "(pad P, KxK conv with F filters and stride S, bias, ReLU)")
     parser.add_argument("--trials", type=int, default=64,
@@ -28,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --task: also tune NL, LR and LC alone at the same trials")
     parser.add_argument("--work-dir", help="tuning database directory (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=-1, help="random seed of the search")
+    add_input_shape_argument(parser)
 
 
 def _target():
@@ -37,15 +44,24 @@ def _target():
     return tvm.target.Target({"kind": "llvm", "num-cores": cpu_count(logical=False)})
 
 
+def duration(secs) -> str:
+    """A time in a unit that shows its digits: µs below 0.1 ms, ms below 10 s."""
+    if secs is None:
+        return "n/a"
+    if secs < 1e-4:
+        return f"{secs * 1e6:.2f} µs"
+    return f"{secs * 1e3:.3f} ms" if secs < 10 else f"{secs:.1f} s"
+
+
 def _print_round(task: str, outcome) -> None:
-    best = "n/a" if outcome.best_so_far_secs is None else f"{outcome.best_so_far_secs * 1e3:.4f} ms"
+    best = duration(outcome.best_so_far_secs)
     failed = f"  ({outcome.failures} failed)" if outcome.failures else ""
     print(f"{task}  round {outcome.round_index + 1:3d}  {outcome.strategy.value}  best so far {best}{failed}",
           flush=True)
 
 
 def _fmt(secs) -> str:
-    return "n/a" if secs is None else f"{secs * 1e3:.4f}"
+    return "n/a" if secs is None else f"{secs * 1e3:.4f}"  # table cells: ms, 4 decimals
 
 
 def _parse_task(spec: str):
@@ -98,13 +114,11 @@ def _first(output):
     return output.numpy() if hasattr(output, "numpy") else output[0].numpy()
 
 
-def _tune_model(path: str, args, work_dir: str) -> int:
+def _tune_model(model, path: str, args, work_dir: str) -> int:
     # pylint: disable=import-outside-toplevel
     import numpy as np
-    import onnx
     import tvm
     from tvm import relax
-    from tvm.relax.frontend import onnx as onnx_frontend
 
     from tvm_einweld.auto_scheduler_ext.comparison import machine_description
     from tvm_einweld.auto_scheduler_ext.entry_points import (
@@ -112,29 +126,21 @@ def _tune_model(path: str, args, work_dir: str) -> int:
         prepare_relax,
         relax_tasks,
     )
-    from tvm_einweld.cli import UserError
+    from tvm_einweld.commands.model_input import load
+    from tvm_einweld.models import random_inputs
 
-    try:
-        model = onnx.load(path)
-    except Exception as err:  # pylint: disable=broad-except
-        raise UserError(f"cannot read ONNX model {path!r}: {err}") from None
-    mod = onnx_frontend.from_onnx(model)
-    shapes = []
-    for param in mod["main"].params:
-        ty = param.ty
-        dims = [getattr(d, "value", None) for d in getattr(ty.shape, "values", None) or [None]]
-        if any(not isinstance(d, int) for d in dims):
-            raise UserError(f"model input {param.name!r} has no static shape; tuning needs one")
-        shapes.append((dims, str(ty.dtype)))
+    model, mod = load(model, path, args.input_shape)
     target = _target()
+    _LOG.info("extracting tuning tasks ...")
     num_tasks = len(relax_tasks(prepare_relax(mod, None, target), target))
+    _LOG.info("%d tasks, %d trials each: tuning ...", num_tasks, args.trials)
     stage = adaptive_layout_tuning_pass(
         target, work_dir, max_trials_global=args.trials * max(1, num_tasks), layout_strategy=args.strategy,
         selector=args.selector, num_trials_per_iter=args.per_round, seed=args.seed, on_round=_print_round,
     )
     tuned = stage(mod)
-    rng = np.random.default_rng(0)
-    inputs = [tvm.runtime.tensor(rng.standard_normal(s).astype(d)) for s, d in shapes]
+    _LOG.info("compiling the untuned and tuned builds ...")
+    inputs = [tvm.runtime.tensor(x) for x in random_inputs(model).values()]
     vms = {
         "untuned": relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu()),
         "tuned": relax.VirtualMachine(tvm.compile(tuned, target), tvm.cpu()),
@@ -145,20 +151,26 @@ def _tune_model(path: str, args, work_dir: str) -> int:
         return 1
     timers = {k: vm.time_evaluator("main", tvm.cpu(), number=1, repeat=1, min_repeat_ms=50) for k, vm in vms.items()}
     samples = {k: [] for k in timers}
+    _LOG.info("timing both builds, alternating ...")
     for _ in range(5):
         for k, t in timers.items():
             samples[k].append(t(*inputs).mean)
     med = {k: float(np.median(v)) for k, v in samples.items()}
     print(f"\nfinal comparison for {path} on {machine_description()} (median of 5 alternating runs):")
-    print("| build | ms | speedup |\n|---|---|---|")
+    print("| build | time | speedup |\n|---|---|---|")
     for k in ("untuned", "tuned"):
-        print(f"| {k} | {med[k] * 1e3:.3f} | {med['untuned'] / med[k]:.2f}x |")
+        print(f"| {k} | {duration(med[k])} | {med['untuned'] / med[k]:.2f}x |")
     print("outputs of the tuned and untuned builds agree")
+    if med["tuned"] > med["untuned"]:
+        print(f"the tuned build is slower ({args.trials} trials found nothing better than the "
+              f"default schedules): keep the untuned build; more --trials may help",
+              flush=True)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from tvm_einweld.cli import UserError  # pylint: disable=import-outside-toplevel
+    from tvm_einweld.commands.model_input import read_onnx  # pylint: disable=import-outside-toplevel
 
     if (args.model is None) == (args.task is None):
         raise UserError("give either an ONNX model file or --task conv2d:N,C,H,W,F,K,S,P")
@@ -170,17 +182,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--selector applies only to --strategy adaptive")
     if args.compare and args.task is None:
         raise UserError("--compare applies only to --task")
-    if args.model is not None:
-        if not os.path.isfile(args.model):
-            raise UserError(f"model file not found: {args.model}")
-        if not args.model.endswith(".onnx"):
-            raise UserError(f"expected an .onnx model file, got {args.model}")
+    if args.input_shape and args.model is None:
+        raise UserError("--input-shape applies only to an ONNX model")
     block = _parse_task(args.task) if args.task is not None else None
-    import logging  # pylint: disable=import-outside-toplevel
-
+    model = read_onnx(args.model) if args.model is not None else None
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="einweld-tune-")
     os.makedirs(work_dir, exist_ok=True)
     if block is not None:
+        _LOG.info("tuning %s in %s ...", block.name, work_dir)
         return _tune_block(block, args, work_dir)
-    return _tune_model(args.model, args, work_dir)
+    _LOG.info("tuning %s in %s ...", args.model, work_dir)
+    return _tune_model(model, args.model, args, work_dir)

@@ -10,7 +10,7 @@ Every model is a function `builder(batch) -> onnx.ModelProto` with seeded random
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -98,6 +98,81 @@ def dynamic_dims(model: onnx.ModelProto) -> dict[str, list[str]]:
     return out
 
 
+def parse_input_shapes(specs: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """{input name: shape} from "NAME:1x3x224x224" items; each spec may hold several,
+    comma-separated. ValueError (one sentence) for a malformed item or a name given twice."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in (i.strip() for spec in specs for i in spec.split(",")):
+        if not item:
+            continue
+        name, sep, dims = item.rpartition(":")  # rpartition: input names may hold ':'
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) < 1:
+            raise ValueError(f"malformed input shape {item!r}: expected NAME:DIMxDIMx... with "
+                             f"positive sizes, e.g. x:1x3x224x224")
+        if name in shapes:
+            raise ValueError(f"input {name!r} is given a shape twice")
+        shapes[name] = shape
+    return shapes
+
+
+def bind_input_shapes(model: onnx.ModelProto,
+                      shapes: Optional[Mapping[str, Sequence[int]]] = None
+                      ) -> tuple[onnx.ModelProto, dict[str, dict[str, int]]]:
+    """A copy of `model` whose graph inputs all have static shapes: an input named in `shapes`
+    takes that shape (its static dimensions must agree), every other dynamic dimension becomes
+    1 (a check on an empty tensor checks nothing). Outputs and value infos that use the same
+    symbolic dimension get the same size. Returns the copy and {input: {dimension: size}} for
+    each dimension that was dynamic (named by its symbol, or by its position as "dim K").
+    ValueError (one sentence) for an unknown input, a wrong rank or a contradicted static
+    dimension."""
+    shapes = dict(shapes or {})
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [vi for vi in model.graph.input if vi.name not in inits]
+    unknown = sorted(set(shapes) - {vi.name for vi in inputs})
+    if unknown:
+        raise ValueError(f"the model has no input {unknown[0]!r}; its inputs are "
+                         f"{', '.join(vi.name for vi in inputs)}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    bound: dict[str, dict[str, int]] = {}
+    symbols: dict[str, tuple[int, str]] = {}  # symbol -> (size, input that bound it)
+    for vi in out.graph.input:
+        if vi.name in inits:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        given = shapes.get(vi.name)
+        if given is not None and len(given) != len(dims):
+            raise ValueError(f"input {vi.name!r} has {len(dims)} dimensions, the given shape "
+                             f"{'x'.join(map(str, given))} has {len(given)}")
+        for k, d in enumerate(dims):
+            size = 1 if given is None else int(given[k])
+            if d.dim_value > 0:
+                if size != d.dim_value and given is not None:
+                    raise ValueError(f"input {vi.name!r}: dimension {k} is {d.dim_value} in the "
+                                     f"model, the given shape says {size}")
+                continue
+            symbol = d.dim_param
+            if symbol:
+                first = symbols.setdefault(symbol, (size, vi.name))
+                if first[0] != size:
+                    raise ValueError(f"dimension {symbol!r} is {first[0]} for input {first[1]!r} "
+                                     f"and {size} for input {vi.name!r}")
+            bound.setdefault(vi.name, {})[symbol or f"dim {k}"] = size
+            d.Clear()
+            d.dim_value = size
+    for vi in list(out.graph.output) + list(out.graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param in symbols:
+                size = symbols[d.dim_param][0]
+                d.Clear()
+                d.dim_value = size
+    return out, bound
+
+
 def input_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
     """numpy dtype of every graph input (initializers excluded)."""
     inits = {t.name for t in model.graph.initializer}
@@ -155,4 +230,5 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0,
 
 
 __all__ = ["ZOO", "ZooModel", "get_model", "build_model", "input_shapes", "dynamic_dims",
-           "input_dtypes", "index_bounds", "random_inputs"]
+           "parse_input_shapes", "bind_input_shapes", "input_dtypes", "index_bounds",
+           "random_inputs"]
