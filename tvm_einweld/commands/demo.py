@@ -130,8 +130,9 @@ def show_stages(stages) -> None:
         for group, why in report.rejected:
             print(f"  left unfused: {', '.join(group)}: {why}")
     if report is not None and report.analytic:
-        print(f"  {len(report.analytic)} single kernel(s) left to the analytic rules "
-              f"(faster than any tile config): {', '.join(report.analytic)}")
+        print(f"  {len(report.analytic)} kernel(s) left to the analytic rules (faster than "
+              f"any tile config; a+b: a group merged into one kernel): "
+              f"{', '.join(report.analytic)}")
     rules = getattr(stages, "rules", None)
     if rules is not None:
         families = {}

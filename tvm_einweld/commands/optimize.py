@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the compiled library here (e.g. model.so)")
     parser.add_argument("--no-derive", action="store_true", help="skip the derivation search")
     parser.add_argument("--no-fuse", action="store_true", help="skip tile-graph fusion")
+    parser.add_argument("--no-measure", action="store_true",
+                        help="choose by the cost model alone, timing nothing while compiling "
+                             "(the same program on every run and machine load)")
     parser.add_argument("--log", default=None, metavar="FILE",
                         help="append one JSON line per subprogram the derivation search saw "
                              "(rules, verification, estimated and measured times)")
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(note)
     stages = EinweldOptimize(target, trials=args.trials, work_dir=args.work_dir,
                              derive=not args.no_derive, fuse=not args.no_fuse,
-                             layout_strategy=args.strategy)
+                             layout_strategy=args.strategy, measure=not args.no_measure)
     print(f"compiling {args.model} for {target.kind.name} ...", flush=True)
     start = time.perf_counter()
     instruments = [RewriteLog(args.log)] if args.log else []
