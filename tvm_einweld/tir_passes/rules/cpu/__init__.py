@@ -22,6 +22,7 @@ from tvm.target import Target
 from tvm.s_tir.dlight.base import ScheduleRule
 
 from .conv import Conv2D
+from .fast_math import rewrite_fast_math
 from .gemm import GEMM
 from .isa import VectorISA, vector_isa
 from .memory_bound import schedule_memory_bound
@@ -30,14 +31,18 @@ Family = Callable[[tirx.PrimFunc, Target], Optional[Tuple[str, tirx.PrimFunc]]]
 
 
 def dlight_family(rule: ScheduleRule, name: Optional[str] = None) -> Family:
-    """A dlight-style rule (`apply(func, target, tunable) -> Schedule | None`) as a family."""
+    """A dlight-style rule (`apply(func, target, tunable) -> Schedule | None`) as a family.
+    Its epilogues' exp/erf/tanh/sigmoid (a GEMM's GELU, a conv's sigmoid) are then made
+    vectorisable (`fast_math`), as in the memory-bound rules: libm's scalar erff in the
+    write-back of BERT's FFN GEMM cost as much as the GEMM itself."""
     label = name or type(rule).__name__.lower()
 
     def family(func: tirx.PrimFunc, target: Target) -> Optional[Tuple[str, tirx.PrimFunc]]:
         sch = rule.apply(func, target, False)
         if sch is None:
             return None
-        return label, sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        scheduled = rewrite_fast_math(sch.mod["main"])[0]
+        return label, scheduled.with_attr("tirx.is_scheduled", True)
 
     return family
 
