@@ -223,16 +223,6 @@ def _prover(name: str, cand, loc) -> Callable[[], Optional[Derivation]]:
     return prove
 
 
-def successors(state: State, rules: Sequence[Rule], errors: List[str]) -> List[State]:
-    """Every proven derivation of every rule from `state`, as states one level deeper."""
-    out = []
-    for p in proposals(state.expr, rules, errors):
-        d = p.prove()
-        if d is not None:
-            out.append(State(d.result, state.depth + 1, state, d))
-    return out
-
-
 def explore(
     expr: Expr,
     rules: Sequence[Rule],
@@ -501,5 +491,5 @@ def default_targets() -> Dict[str, Distance]:
 
 __all__ = ["Budget", "State", "Proposal", "proposals", "Match", "SearchStats", "SearchResult",
            "explore", "converge",
-           "distance_guided_search", "successors", "default_rules", "default_targets",
+           "distance_guided_search", "default_rules", "default_targets",
            "level_distance"]
