@@ -24,11 +24,11 @@ Modules, one idea each:
   rewrite_log            RewriteLog, a PassContext instrument logging every rewrite as JSON
 """
 from .boundary import BoundaryRelaxing, BoundaryTightening
-from .derivation import Candidate, Derivation, Rule, RuleNotApplicable, apply_at, check, locations
+from .derivation import LevelRewrite, Derivation, Rule, RuleNotApplicable, apply_at, check, locations
 from .inter_expression import (
     ExpressionFusion, ExpressionMerging, ExpressionSplitting, Merged, fuse, merge_expressions,
 )
-from .mapping_table import TABLE, Match, expression_distance, match
+from .mapping_table import TABLE, OperatorMatch, expression_distance, match
 from .summation_splitting import SummationSplitting
 from .traversal_merging import TraversalMerging
 from .variable_substitution import SummationIteratorSplitting, VariableSubstitution, substitute
@@ -56,10 +56,10 @@ def __getattr__(name):
 
 
 __all__ = [
-    "BoundaryRelaxing", "BoundaryTightening", "Candidate", "Derivation", "Rule",
+    "BoundaryRelaxing", "BoundaryTightening", "LevelRewrite", "Derivation", "Rule",
     "RuleNotApplicable", "apply_at", "check", "locations", "ExpressionFusion", "ExpressionMerging",
     "ExpressionSplitting", "Merged", "fuse",
-    "merge_expressions", "TABLE", "Match", "expression_distance", "match", "SummationSplitting",
+    "merge_expressions", "TABLE", "OperatorMatch", "expression_distance", "match", "SummationSplitting",
     "TraversalMerging", "SummationIteratorSplitting", "VariableSubstitution", "substitute",
     "WindowSplitting",
     "INTRA_RULES", "instantiate", "build", "DerivationTransform", "RewriteLog",

@@ -26,7 +26,7 @@ class RuleNotApplicable(ValueError):
 
 
 @dataclass(frozen=True)
-class Candidate:
+class LevelRewrite:
     """A proposed rewrite of one expression level, not yet checked."""
 
     result: Expr
@@ -105,7 +105,7 @@ def replace_source(expr: Expr, old, new) -> Expr:
     return Expr(expr.traversals, expr.sums, map_accesses(expr.body, swap), expr.dtype)
 
 
-def check(rule: str, candidate: Candidate, loc: Optional[Location] = None) -> Derivation:
+def check(rule: str, candidate: LevelRewrite, loc: Optional[Location] = None) -> Derivation:
     """Run the side conditions of `candidate`; the derivation, or RuleNotApplicable saying why."""
     proofs = tuple(_run_condition(cond) for cond in candidate.side_conditions)
     failed = [p for p in proofs if not p.proven]
@@ -133,7 +133,7 @@ class Rule:
 
     name = "rule"
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         raise NotImplementedError
 
     def apply(self, expr: Expr) -> PyIterator[Derivation]:
@@ -147,7 +147,7 @@ class Rule:
 
 
 def apply_at(rule: Rule, expr: Expr, path: str = "top",
-             where: Callable[[Candidate], bool] = lambda c: True,
+             where: Callable[[LevelRewrite], bool] = lambda c: True,
              verify: bool = False) -> Derivation:
     """The first proven instance of `rule` at location `path` accepted by `where`.
 
@@ -248,7 +248,7 @@ def with_ranges(expr: Expr, ranges: dict) -> Expr:
 
 
 __all__ = [
-    "Candidate", "Derivation", "Location", "Rule", "RuleNotApplicable", "SideCondition",
+    "LevelRewrite", "Derivation", "Location", "Rule", "RuleNotApplicable", "SideCondition",
     "apply_at", "check", "fresh_name", "locations", "replace_source", "rescope", "simplify",
     "trim_padding", "widen_padding", "with_ranges",
 ]

@@ -86,7 +86,7 @@ class State:
 
 
 @dataclass(frozen=True)
-class Match:
+class TargetMatch:
     """A state whose expression instantiates as `target` (distance 0)."""
 
     target: str
@@ -116,7 +116,7 @@ class SearchResult:
     states: Tuple[State, ...]  # every distinct state, in discovery order (start first)
     stats: SearchStats
     best_per_depth: Tuple[Optional[State], ...]  # lowest-ranked state at each depth
-    matches: Tuple[Match, ...] = ()
+    matches: Tuple[TargetMatch, ...] = ()
 
     def find(self, predicate: Callable[[Expr], bool]) -> Optional[State]:
         """The first state (discovery order) whose expression satisfies `predicate`."""
@@ -400,7 +400,7 @@ def distance_guided_search(
     conv_budget = Budget(max_depth=budget.max_depth, max_states=converge_states,
                          time_limit_s=budget.time_limit_s, seed=budget.seed)
     clock = _Clock(budget)
-    matches: List[Match] = []
+    matches: List[TargetMatch] = []
     matched: Dict[Tuple[str, str], List[Expr]] = {}
     converged = [0]
 
@@ -419,7 +419,7 @@ def distance_guided_search(
             if any(structurally_equal(e, found.expr) for e in matched.get(key, [])):
                 continue
             matched.setdefault(key, []).append(found.expr)
-            matches.append(Match(name, found))
+            matches.append(TargetMatch(name, found))
             if stop_when is not None and stop_when(found):
                 return True
         return False
@@ -489,7 +489,7 @@ def default_targets() -> Dict[str, Distance]:
     return {op: level_distance(op) for op in sorted(MATCHERS)}
 
 
-__all__ = ["Budget", "State", "Proposal", "proposals", "Match", "SearchStats", "SearchResult",
+__all__ = ["Budget", "State", "Proposal", "proposals", "TargetMatch", "SearchStats", "SearchResult",
            "explore", "converge",
            "distance_guided_search", "default_rules", "default_targets",
            "level_distance"]
