@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator as PyIterator, List, Optional, S
 
 from ..expr import index as ix
 from ..expr.expression import Access, Expr, Iterator, Scope, Tensor, accesses, map_accesses
-from ..verify.smt import ProofResult
+from ..verify.smt import ProofResult, run_side_condition
 from ..expr.index_simplify import simplify_expr
 
 SideCondition = Callable[[], ProofResult]
@@ -107,7 +107,7 @@ def replace_source(expr: Expr, old, new) -> Expr:
 
 def check(rule: str, candidate: LevelRewrite, loc: Optional[Location] = None) -> Derivation:
     """Run the side conditions of `candidate`; the derivation, or RuleNotApplicable saying why."""
-    proofs = tuple(_run_condition(cond) for cond in candidate.side_conditions)
+    proofs = tuple(run_side_condition(cond) for cond in candidate.side_conditions)
     failed = [p for p in proofs if not p.proven]
     where = f" at {loc.path}" if loc is not None and not loc.is_top else ""
     if failed:
@@ -117,15 +117,6 @@ def check(rule: str, candidate: LevelRewrite, loc: Optional[Location] = None) ->
     result = loc.rebuild(candidate.result) if loc is not None else candidate.result
     return Derivation(rule, result, candidate.side_conditions,
                       candidate.description + where, proofs)
-
-
-def _run_condition(cond: SideCondition) -> ProofResult:
-    """A side condition's proof; a condition that cannot even be posed (it raises) is
-    "unknown", so the rule instance is refused rather than the search aborted."""
-    try:
-        return cond()
-    except (ValueError, TypeError, KeyError) as err:
-        return ProofResult("unknown", f"side condition could not be checked: {err}")
 
 
 class Rule:
