@@ -8,7 +8,7 @@ from tvm_ffi import structural_equal
 
 from conftest import compile_vm, run_vm
 from tvm_einweld.expr.expression import Expr
-from tvm_einweld.relay_passes.derivation import Derivation, Rule
+from tvm_einweld.relay_passes.derivation import Derivation, Proposal, Rule
 from tvm_einweld.relay_passes.derivation_transform import DerivationTransform
 
 RNG = np.random.default_rng(0)
@@ -176,15 +176,16 @@ class _Wrong(Rule):
 
     name = "planted_wrong"
 
-    def apply(self, expr: Expr):
+    def propose(self, expr: Expr):
         from tvm_einweld.expr.expression import Tensor, accesses
 
         data = next(accesses(expr.body)).source
         if isinstance(data, Tensor) and data.shape == expr.shape:
             wrong = Tensor(data.name, data.shape, dtype=data.dtype)
             body = wrong[tuple(it.var for it in expr.traversals)]
-            yield Derivation(self.name, Expr(expr.traversals, (), body, expr.dtype), (),
-                             "conv = identity (wrong)")
+            yield Proposal.proven(Derivation(self.name, Expr(expr.traversals, (), body,
+                                                             expr.dtype), (),
+                                             "conv = identity (wrong)"))
 
 
 def test_planted_wrong_rule_is_rejected():

@@ -123,6 +123,9 @@ class BoundaryRelaxing(Rule):
     """
 
     name = "boundary_relaxing"
+    # Not searched: it applies to almost every state (one instance per iterator); its one
+    # combination that matters for operators is `WindowSplitting`.
+    searched = False
 
     def __init__(self, to: Optional[Dict[str, Range]] = None) -> None:
         self.to = dict(to) if to is not None else None

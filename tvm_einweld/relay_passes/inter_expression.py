@@ -61,6 +61,9 @@ class ExpressionSplitting(Rule):
     """Split one traversal range in two halves (`at` fixes the cut for hand sequencing)."""
 
     name = "expression_splitting"
+    # Not searched: a split level is two operators where there was one; hand-sequenced
+    # derivations use it.
+    searched = False
 
     def __init__(self, names: Optional[Iterable[str]] = None, at: Optional[int] = None) -> None:
         self.names = set(names) if names is not None else None

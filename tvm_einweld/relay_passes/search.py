@@ -21,9 +21,11 @@ soon as it is found it is also driven towards every target. Budgets (depth, stat
 cover both phases. The search is deterministic for a given seed (up to where a time limit cuts
 it): the seed only permutes the order in which the successors of a state are queued.
 
-Rules are `derivation.Rule` objects. Their side conditions (z3 proofs) dominate the search's
-time, so rule instances are proposed unproven (`proposals`) and proven only when the search
-keeps them: new, and improving while converging. Only proven derivations become states. A
+Rules are `derivation.Rule` objects, read only through that interface (`name`,
+`explorative_only`, `propose`); the default set is `registry.RULES`'s searched rules. Their
+side conditions (z3 proofs) dominate the search's time, so rule instances are proposed unproven
+(`Rule.propose`) and proven only when the search keeps them: new, and improving while
+converging. Only proven derivations become states. A
 rule that raises is recorded in the statistics and contributes no successor, so a faulty rule
 cannot stop the search, nor produce a wrong rewrite (the pass verifies whatever it picks).
 """
@@ -39,7 +41,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..expr.expression import Expr
 from ..expr.fingerprint import fingerprint, structurally_equal
 from .deadline import DeadlineExceeded, search_deadline
-from .derivation import Derivation, Rule, RuleNotApplicable, check, locations
+from .derivation import Derivation, Proposal, Rule
 
 Distance = Callable[[Expr], Optional[float]]
 Priority = Callable[["State"], float]
@@ -173,54 +175,23 @@ class _Clock:
         return time.perf_counter() - self.start
 
 
-@dataclass(frozen=True)
-class Proposal:
-    """A rule instance whose side conditions are not proven yet: `prove()` returns the
-    derivation, or None when a condition does not hold. The search proves only proposals it
-    keeps (new, and improving where converging), since the z3 proofs dominate its time."""
-
-    rule: str
-    result: Expr
-    prove: Callable[[], Optional[Derivation]] = field(compare=False, repr=False)
-
-
 def proposals(expr: Expr, rules: Sequence[Rule], errors: List[str],
               deadline: Optional[float] = None) -> List[Proposal]:
-    """Every instance of every rule at every level of `expr`, unproven. A rule that overrides
-    `Rule.apply` is asked for its (proven) derivations instead. Past `deadline` (a
-    `time.perf_counter()` value) the proposals found so far are returned."""
+    """Every instance of every rule at every level of `expr`, unproven (`Rule.propose`).
+    Past `deadline` (a `time.perf_counter()` value) the proposals found so far are returned."""
     if deadline is not None:
         with search_deadline(deadline):
             return proposals(expr, rules, errors)
     out: List[Proposal] = []
     for rule in rules:
-        name = getattr(rule, "name", type(rule).__name__)
         try:
-            if type(rule).apply is not Rule.apply:
-                out += [Proposal(name, d.result, lambda d=d: d) for d in rule.apply(expr)]
-                continue
-            for loc in locations(expr):
-                for cand in rule.candidates(loc.expr, loc.is_top):
-                    try:
-                        result = loc.rebuild(cand.result)
-                    except RuleNotApplicable:
-                        continue
-                    out.append(Proposal(name, result, _prover(name, cand, loc)))
+            for proposal in rule.propose(expr):
+                out.append(proposal)
         except DeadlineExceeded:
             break  # the search is out of time: it stops at its next check
         except Exception as err:  # a faulty rule must not stop the search; it is reported
-            errors.append(f"{name} on {expr}: {type(err).__name__}: {err}")
+            errors.append(f"{rule.name} on {expr}: {type(err).__name__}: {err}")
     return out
-
-
-def _prover(name: str, cand, loc) -> Callable[[], Optional[Derivation]]:
-    def prove() -> Optional[Derivation]:
-        try:
-            return check(name, cand, loc)
-        except RuleNotApplicable:
-            return None
-
-    return prove
 
 
 def explore(
@@ -396,7 +367,7 @@ def distance_guided_search(
         from .op_cost import roofline_seconds as cost
     targets = dict(targets or {})
     conv_rules = list(converging_rules) if converging_rules is not None else \
-        [r for r in rules if not getattr(r, "explorative_only", False)]
+        [r for r in rules if not r.explorative_only]
     conv_budget = Budget(max_depth=budget.max_depth, max_states=converge_states,
                          time_limit_s=budget.time_limit_s, seed=budget.seed)
     clock = _Clock(budget)
@@ -434,7 +405,8 @@ def distance_guided_search(
 
 
 def default_rules() -> List[Rule]:
-    """The intra-expression rules of EinNet §4.1 that the search applies by default.
+    """The intra-expression rules of EinNet §4.1 that the search applies by default: those of
+    `registry.RULES` marked `searched`.
 
     Summation-iterator splitting and boundary relaxing on their own are left out: they apply
     to almost every state (one instance per divisor / per iterator) and are used by
@@ -442,16 +414,12 @@ def default_rules() -> List[Rule]:
     included as `WindowSplitting`: relax and split the window iterators of a sliding-window
     sum by a factor k and sum the k-window operator in a scope (conv 5×5 → conv 3×3 with 4×
     the channels + OffsetReduce, EinNet Fig. 6); it is proposed only for levels that have
-    window iterators, once per factor below the longest window.
+    window iterators, once per factor below the longest window. Expression splitting is left
+    out too (a split level is two operators where there was one).
     """
-    from .boundary import BoundaryTightening
-    from .summation_splitting import SummationSplitting
-    from .traversal_merging import TraversalMerging
-    from .variable_substitution import VariableSubstitution
-    from .window_splitting import WindowSplitting
+    from .registry import default_rules as registered  # pylint: disable=import-outside-toplevel
 
-    return [SummationSplitting(), VariableSubstitution(), TraversalMerging(),
-            BoundaryTightening(), WindowSplitting()]
+    return registered()
 
 
 def level_distance(op: str) -> Distance:

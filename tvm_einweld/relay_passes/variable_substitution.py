@@ -278,6 +278,9 @@ class SummationIteratorSplitting(Rule):
     """Split a summation iterator by a proper divisor of its extent (one iterator into two)."""
 
     name = "summation_iterator_splitting"
+    # Not searched: it applies to almost every state (one instance per divisor); its one
+    # combination that matters for operators is `WindowSplitting`.
+    searched = False
 
     def __init__(self, names: Optional[Iterable[str]] = None,
                  factors: Optional[Iterable[int]] = None) -> None:
