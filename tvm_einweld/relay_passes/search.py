@@ -21,6 +21,11 @@ soon as it is found it is also driven towards every target. Budgets (depth, stat
 cover both phases. The search is deterministic for a given seed (up to where a time limit cuts
 it): the seed only permutes the order in which the successors of a state are queued.
 
+Both phases are one best-first loop (`_best_first`) that differ only in the key a state is
+queued by and in which successors they admit: every explored successor that is new, and in
+converging only those that improve (distance, cost). Anything said of the loop (repeats are
+dropped before proving, a faulty rule is reported, the seed fixes the order) holds for both.
+
 Rules are `derivation.Rule` objects, read only through that interface (`name`,
 `explorative_only`, `propose`); the default set is `registry.RULES`'s searched rules. Their
 side conditions (z3 proofs) dominate the search's time, so rule instances are proposed unproven
@@ -36,7 +41,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ..expr.expression import Expr
 from ..expr.fingerprint import fingerprint, structurally_equal
@@ -194,6 +199,55 @@ def proposals(expr: Expr, rules: Sequence[Rule], errors: List[str],
     return out
 
 
+Key = TypeVar("Key")
+
+
+def _best_first(start: State, start_key: Key, rules: Sequence[Rule], budget: Budget,
+                clock: _Clock, seen: _Seen, errors: List[str],
+                admit: Callable[[Expr, Key], Optional[Key]],
+                visit: Callable[[State, Key], Tuple[Key, bool]], lifo: bool = False) -> int:
+    """The derivation loop both phases drive; returns the number of states expanded.
+
+    It takes the frontier state of lowest key (FIFO on ties; the newest with `lifo`, which is
+    depth-first), stops expanding at `budget.max_depth` steps from `start`, and asks every rule
+    for its instances there in an order the budget's seed permutes. A proposal is kept when
+    `admit(result, parent key)` gives it a key, it is not a repeat (`seen`), and its side
+    conditions are proven, in that order, so proofs run only for what would be kept.
+    `visit(child, key)` sees each kept state and returns (its frontier key, stop). The loop
+    ends when the frontier is empty, `visit` says stop, or the clock runs out (between
+    expansions; `visit` checks within one where the caller wants it)."""
+    rng = random.Random(budget.seed)
+    frontier: List[Tuple[Key, int, State]] = [(start_key, 0, start)]
+    order = expanded = 0
+    stop = False
+    while frontier and not stop and not clock.out():
+        key, _, state = frontier.pop() if lifo else heapq.heappop(frontier)
+        if state.depth - start.depth >= budget.max_depth:
+            continue
+        expanded += 1
+        props = proposals(state.expr, rules, errors, clock.deadline)
+        rng.shuffle(props)
+        for prop in props:
+            child_key = admit(prop.result, key)
+            if child_key is None or seen.known(prop.result, state.depth + 1):
+                continue
+            derivation = prop.prove()
+            if derivation is None:
+                continue
+            child = State(derivation.result, state.depth + 1, state, derivation)
+            seen.add(child)
+            clock.states += 1
+            order += 1
+            child_key, stop = visit(child, child_key)
+            if lifo:
+                frontier.append((child_key, order, child))
+            else:
+                heapq.heappush(frontier, (child_key, order, child))
+            if stop:
+                break
+    return expanded
+
+
 def explore(
     expr: Expr,
     rules: Sequence[Rule],
@@ -215,49 +269,25 @@ def explore(
 
 def _explore(start: State, rules, budget: Budget, clock: _Clock, seen: _Seen,
              priority, rank, on_state) -> SearchResult:
-    rng = random.Random(budget.seed)
     errors: List[str] = []
-    order = 0
     states: List[State] = [start]
     seen.add(start)
     clock.states += 1
-    frontier: List[Tuple[float, int, State]] = [(0.0, 0, start)]
-    stop = bool(on_state and on_state(start))
-    if stop:
-        clock.stopped_by = "goal"
+
+    def visit(child: State, _key) -> Tuple[float, bool]:
+        states.append(child)
+        key = priority(child) if priority is not None else 0.0
+        if on_state and on_state(child):
+            clock.stopped_by = "goal"
+            return key, True
+        return key, clock.out()
+
     expanded = 0
-    while frontier and not stop and not clock.out():
-        if budget.strategy == "dfs":
-            _, _, state = frontier.pop()
-        else:
-            _, _, state = heapq.heappop(frontier)
-        if state.depth >= budget.max_depth:
-            continue
-        expanded += 1
-        props = proposals(state.expr, rules, errors, clock.deadline)
-        rng.shuffle(props)
-        for prop in props:
-            if seen.known(prop.result, state.depth + 1):
-                continue
-            d = prop.prove()
-            if d is None:
-                continue
-            child = State(d.result, state.depth + 1, state, d)
-            seen.add(child)
-            states.append(child)
-            clock.states += 1
-            order += 1
-            key = priority(child) if priority is not None else 0.0
-            if budget.strategy == "dfs":
-                frontier.append((key, order, child))
-            else:
-                heapq.heappush(frontier, (key, order, child))
-            if on_state and on_state(child):
-                clock.stopped_by, stop = "goal", True
-                break
-            if clock.out():
-                stop = True
-                break
+    if on_state and on_state(start):
+        clock.stopped_by = "goal"
+    else:
+        expanded = _best_first(start, 0.0, rules, budget, clock, seen, errors,
+                               lambda _result, _key: 0.0, visit, budget.strategy == "dfs")
     if clock.stopped_by == "exhausted":
         clock.out()  # proposals cut short by the deadline can empty the frontier early
     stats = SearchStats(len(states), seen.pruned, seen.collisions, expanded, clock.seconds,
@@ -309,36 +339,25 @@ def converge(
         return None, 0
     key0 = (d0, cost(start.expr))
     best: Optional[Tuple[Tuple[float, float], State]] = (key0, start) if d0 == 0 else None
-    rng = random.Random(budget.seed)
     seen = _Seen()
     seen.add(start)
-    errors: List[str] = []
-    created, order = 0, 0
-    frontier: List[Tuple[Tuple[float, float], int, State]] = [(key0, 0, start)]
-    while frontier and not clock.out():
-        key, _, state = heapq.heappop(frontier)
-        if state.depth - start.depth >= budget.max_depth:
-            continue
-        props = proposals(state.expr, rules, errors, clock.deadline)
-        rng.shuffle(props)
-        for prop in props:
-            d = distance(prop.result)
-            if d is None or d > key[0]:
-                continue
-            child_key = (d, cost(prop.result))
-            if child_key >= key or seen.known(prop.result, state.depth + 1):
-                continue
-            derivation = prop.prove()
-            if derivation is None:
-                continue
-            child = State(derivation.result, state.depth + 1, state, derivation)
-            seen.add(child)
-            created += 1
-            clock.states += 1
-            if d == 0 and (best is None or child_key < best[0]):
-                best = (child_key, child)
-            order += 1
-            heapq.heappush(frontier, (child_key, order, child))
+    created = 0
+
+    def admit(result: Expr, key: Tuple[float, float]) -> Optional[Tuple[float, float]]:
+        d = distance(result)
+        if d is None or d > key[0]:
+            return None
+        child_key = (d, cost(result))
+        return child_key if child_key < key else None
+
+    def visit(child: State, key: Tuple[float, float]) -> Tuple[Tuple[float, float], bool]:
+        nonlocal best, created
+        created += 1
+        if key[0] == 0 and (best is None or key < best[0]):
+            best = (key, child)
+        return key, False
+
+    _best_first(start, key0, rules, budget, clock, seen, [], admit, visit)
     return (best[1] if best is not None else None), created
 
 
