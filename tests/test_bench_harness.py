@@ -21,8 +21,8 @@ PLAN = TimingPlan(repeats=3, warmup=1, min_sample_seconds=0.0)
 
 
 # ---- compare_outputs ------------------------------------------------------------------------
-def test_compare_accepts_fp32_rounding_and_rejects_real_errors() -> None:
-    ref = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+def test_compare_accepts_fp32_rounding_and_rejects_real_errors(rng) -> None:
+    ref = rng.standard_normal((64, 64)).astype(np.float32)
     assert compare_outputs([ref * (1 + 1e-6)], [ref]).ok
     bad = ref.copy()
     bad[3, 5] += 0.01 * np.abs(ref).max()

@@ -6,6 +6,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
+from conftest import run_vm
 from tvm_einweld.tir_passes.device import host_target
 from tvm_einweld.tir_passes.rules.cpu import conv
 from tvm_einweld.tir_passes.rules.cpu.apply import cpu_gemm_pipeline, prepack_weights
@@ -35,8 +36,7 @@ def conv_module(x_shape, w, bias=None, relu=False, residual=False, transpose=Fal
 
 
 def run(mod, x, pipeline):
-    ex = tvm.compile(mod, TARGET, relax_pipeline=pipeline)
-    return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    return run_vm(mod, x, target=TARGET, relax_pipeline=pipeline)
 
 
 def numpy_conv2d(x, w, stride=1, pad=0, dilation=1, groups=1):

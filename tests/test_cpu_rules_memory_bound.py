@@ -12,6 +12,7 @@ import tvm
 from tvm import relax, te
 from tvm.relax import op as R
 
+from conftest import compile_vm
 from tvm_einweld.tir_passes.device import host_target
 from tvm_einweld.tir_passes.fusion import prepare
 from tvm_einweld.tir_passes.rules.cpu import fast_math, injective
@@ -37,12 +38,10 @@ def run_scheduled(fn, shapes, dtype="float32", inputs=None):
     mod = prepare()(_module(fn, shapes, dtype))
     rules = ApplyCPURules(TARGET, [("memory-bound", schedule_memory_bound)])
     mod = rules(mod)
-    ex = tvm.compile(mod, TARGET)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
+    run = compile_vm(mod, TARGET)
     if inputs is None:
         inputs = [RNG.standard_normal(s).astype(dtype) for s in shapes]
-    out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
-    return out.numpy(), rules.scheduled, inputs
+    return run(*inputs), rules.scheduled, inputs
 
 
 def check(fn, ref, shapes, dtype="float32", claimed=True, rtol=None, atol=None, inputs=None):

@@ -3,9 +3,8 @@ Relax, built with tvm.compile and compared with the original operator built by T
 on random inputs, for two shapes per case (one not a power of two)."""
 import numpy as np
 import pytest
-import tvm
-from tvm import relax
 
+from conftest import run_vm
 from tvm_einweld.expr import Tensor, canonical, evaluate, random_inputs
 from tvm_einweld.relay_passes import build, instantiate
 from tvm_einweld.relay_passes.cases import (
@@ -16,9 +15,8 @@ from tvm_einweld.verify import compare_expressions
 
 
 def run_module(mod, arrays):
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
-    return (out.numpy(),) if hasattr(out, "numpy") else tuple(o.numpy() for o in out)
+    out = run_vm(mod, *arrays)
+    return out if isinstance(out, tuple) else (out,)
 
 
 def check_case(case, expected_kernels, **options):

@@ -6,8 +6,9 @@ import tvm
 from tvm import relax
 from tvm_ffi import structural_equal
 
+from conftest import compile_vm, run_vm
 from tvm_einweld.expr.expression import Expr
-from tvm_einweld.relay_passes.derivation import Derivation, Rule
+from tvm_einweld.relay_passes.derivation import Derivation, Proposal, Rule
 from tvm_einweld.relay_passes.derivation_transform import DerivationTransform
 
 RNG = np.random.default_rng(0)
@@ -42,8 +43,7 @@ def matmul_model():
 
 
 def run(mod, inputs):
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    return run_vm(mod, *inputs)
 
 
 def assert_same_results(a, b, trials: int = 2):
@@ -133,12 +133,11 @@ def test_two_matmuls_sharing_an_input_become_one():
     assert rec["applied"] and rec["chosen"]["verified"]
     assert rec["chosen"]["rules"] == ["expression_merging"]
     assert rec["chosen"]["ops"].count("relax.matmul") == 1, rec["chosen"]["ops"]
-    run_new = relax.VirtualMachine(tvm.compile(new, "llvm"), tvm.cpu())["main"]
-    run_old = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())["main"]
+    run_new, run_old = compile_vm(new), compile_vm(mod)
     for t in range(2):
-        a = tvm.runtime.tensor(np.random.default_rng(t).uniform(-1, 1, (32, 48)).astype("float32"))
+        a = np.random.default_rng(t).uniform(-1, 1, (32, 48)).astype("float32")
         for got, ref in zip(run_new(a), run_old(a)):
-            np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_matmul_providers_keep_results():
@@ -177,15 +176,16 @@ class _Wrong(Rule):
 
     name = "planted_wrong"
 
-    def apply(self, expr: Expr):
+    def propose(self, expr: Expr):
         from tvm_einweld.expr.expression import Tensor, accesses
 
         data = next(accesses(expr.body)).source
         if isinstance(data, Tensor) and data.shape == expr.shape:
             wrong = Tensor(data.name, data.shape, dtype=data.dtype)
             body = wrong[tuple(it.var for it in expr.traversals)]
-            yield Derivation(self.name, Expr(expr.traversals, (), body, expr.dtype), (),
-                             "conv = identity (wrong)")
+            yield Proposal.proven(Derivation(self.name, Expr(expr.traversals, (), body,
+                                                             expr.dtype), (),
+                                             "conv = identity (wrong)"))
 
 
 def test_planted_wrong_rule_is_rejected():

@@ -2,9 +2,9 @@
 through both the numpy interpreter and the TE lowering."""
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
+from conftest import run_vm
 from tvm_einweld.expr import Tensor, evaluate
 from tvm_einweld.expr import canonical as C
 from tvm_einweld.expr.from_relax import UnsupportedOperator, expr_of_call, single_op_module
@@ -17,8 +17,7 @@ def run_relax_op(make_call, shapes):
     """Build a one-op Relax function, compile it with TVM, run it; return (call, inputs, out)."""
     mod, call = single_op_module(make_call, shapes)
     inputs = [rng.uniform(-1, 1, s).astype("float32") for s in shapes]
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    result = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+    result = run_vm(mod, *inputs)
     return call, inputs, result
 
 

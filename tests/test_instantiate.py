@@ -3,9 +3,9 @@ every module is built with tvm.compile and compared with the interpreter on rand
 import re
 
 import numpy as np
-import tvm
 from tvm import relax
 
+from conftest import run_vm
 from tvm_einweld.expr import Expr, Iterator, Tensor, canonical, evaluate, random_inputs
 from tvm_einweld.relay_passes import build, instantiate
 from tvm_einweld.relay_passes.eoperator import arithmetic_intensity, eoperator_func
@@ -52,8 +52,7 @@ def test_conv2d_with_stride_dilation_asymmetric_padding_instantiates_as_conv2d()
                                                   padding=[1, 0, 2, 1]))
         bb.emit_func_output(o)
     inputs = random_inputs(expr, seed=2)
-    ref = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())["main"](
-            tvm.runtime.tensor(inputs["X"]), tvm.runtime.tensor(inputs["K"])).numpy()
+    ref = run_vm(bb.get(), inputs["X"], inputs["K"])
     out = build(inst)(inputs["K"], inputs["X"])
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 

@@ -9,6 +9,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import PyBuilder
 from tvm.s_tir.meta_schedule.runner import PyRunner
 
+from conftest import compile_vm
 from tvm_einweld.auto_scheduler_ext import entry_points, tune_tir
 from tvm_einweld.auto_scheduler_ext.build_fn import build_cpu_kernel
 from tvm_einweld.auto_scheduler_ext.strategies import Strategy, strategy_of, tagged_workload
@@ -149,7 +150,7 @@ def conv_relax_module(block, weight, bias):
 def test_tuned_record_applies_in_relax_and_matches_untuned(tmp_path):
     inputs = BLOCK.random_inputs(seed=6)
     mod = conv_relax_module(BLOCK, inputs["weight"], inputs["bias"])
-    untuned = relax.VirtualMachine(tvm.compile(mod, TARGET), tvm.cpu())
+    untuned = compile_vm(mod, TARGET)
     stage = entry_points.adaptive_layout_tuning_pass(TARGET, str(tmp_path), max_trials_global=2,
                                                      num_trials_per_iter=2, **FAST)
     tuned_mod = stage(mod)
@@ -159,10 +160,10 @@ def test_tuned_record_applies_in_relax_and_matches_untuned(tmp_path):
         for _, f in tuned_mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)
     ]
     assert any(len(shapes) > 1 and len(shapes[1]) > 4 for shapes in layouts), layouts
-    tuned = relax.VirtualMachine(tvm.compile(tuned_mod, TARGET), tvm.cpu())
-    x = tvm.runtime.tensor(inputs["data"])
-    expect = untuned["main"](x).numpy()
-    np.testing.assert_allclose(tuned["main"](x).numpy(), expect, rtol=1e-4, atol=1e-4)
+    tuned = compile_vm(tuned_mod, TARGET)
+    x = inputs["data"]
+    expect = untuned(x)
+    np.testing.assert_allclose(tuned(x), expect, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(expect, BLOCK.reference(**inputs), rtol=1e-4, atol=1e-4)
 
 

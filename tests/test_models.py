@@ -79,17 +79,17 @@ _EINWELD_QUICK = {"infogan", "fsrcnn", "nerf"}
 
 @pytest.mark.parametrize("name", [
     n if n in _EINWELD_QUICK else pytest.param(n, marks=pytest.mark.slow) for n in sorted(ZOO)])
-def test_einweld_pipeline_equals_onnxruntime(name: str) -> None:
+def test_einweld_pipeline_equals_onnxruntime(name: str, host_target) -> None:
     """`tvm.compile(mod, target, relax_pipeline="einweld")`, as a user calls it."""
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
     import tvm_einweld  # noqa: F401  (registers the pipeline)
-    from tvm_einweld.bench.runners import graph_input_names, host_target, vm_runner
+    from tvm_einweld.bench.runners import graph_input_names, vm_runner
 
     model = build_model(name, batch=1)
     inputs = random_inputs(model, seed=3)
-    executable = tvm.compile(from_onnx(model), host_target(), relax_pipeline="einweld")
+    executable = tvm.compile(from_onnx(model), host_target, relax_pipeline="einweld")
     agreement = compare_outputs(vm_runner(executable, graph_input_names(model))(inputs),
                                 reference_outputs(model, inputs))
     assert agreement.ok, agreement.detail

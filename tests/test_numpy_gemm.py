@@ -5,9 +5,9 @@ import math
 
 import numpy as np
 import pytest
-import tvm
 from tvm import relax
 
+from conftest import compile_vm
 from tvm_einweld.relay_passes import numpy_gemm
 from tvm_einweld.relay_passes.numpy_gemm import choose_matmul_provider, matmul_call
 
@@ -21,11 +21,11 @@ def _run(a_shape, b_shape, use_provider: bool, dtype: str = "float32"):
             call = matmul_call(a, b) if use_provider else relax.op.matmul(a, b)
             out = bb.emit_output(bb.emit(call))
         bb.emit_func_output(out)
-    vm = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())
+    run = compile_vm(bb.get())
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, a_shape).astype(dtype)
     y = rng.uniform(-1, 1, b_shape).astype(dtype)
-    return vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy(), x, y
+    return run(x, y), x, y
 
 
 @pytest.mark.parametrize("a_shape,b_shape", [

@@ -4,12 +4,9 @@ import pytest
 import tvm
 from tvm import relax
 
+from conftest import run_vm
 import tvm_einweld
 from tvm_einweld.commands.demo import builtin_model
-
-
-def run(ex, x):
-    return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
 
 def test_pipeline_is_registered_under_its_name():
@@ -17,21 +14,21 @@ def test_pipeline_is_registered_under_its_name():
     assert isinstance(relax.get_pipeline("einweld"), tvm.transform.Pass)
 
 
-def test_pipeline_matches_the_stock_build():
+def test_pipeline_matches_the_stock_build(rng):
     mod = builtin_model(channels=8, size=10)
-    x = np.random.default_rng(0).uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
-    expected = run(tvm.compile(mod, "llvm"), x)
+    x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    expected = run_vm(mod, x)
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm_einweld.pipeline(fuse_options={"topk": 2}))
-    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_vm(ex, x), expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
-def test_pipeline_with_tuning_matches_the_stock_build(tmp_path):
+def test_pipeline_with_tuning_matches_the_stock_build(tmp_path, rng):
     """trials > 0: the kernels are tuned with layout strategies (fusion off, so every kernel
     is a task) and the tuned, weight-prepacked build still equals the stock build."""
     mod = builtin_model(channels=8, size=10)
-    x = np.random.default_rng(0).uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
-    expected = run(tvm.compile(mod, "llvm"), x)
+    x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    expected = run_vm(mod, x)
     stages = tvm_einweld.EinweldOptimize(trials=8, work_dir=str(tmp_path), derive=False,
                                          fuse=False)
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm.transform.Sequential(
@@ -40,10 +37,10 @@ def test_pipeline_with_tuning_matches_the_stock_build(tmp_path):
     if stages.tuned:  # used only when faster by the margin (in nearly every round)
         before, after = stages.tuning_seconds
         assert after * tvm_einweld.einweld_pipeline.MIN_TUNED_GAIN < before
-    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_vm(ex, x), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_derived_kernels_survive_the_tuning_stage_preparation():
+def test_derived_kernels_survive_the_tuning_stage_preparation(rng):
     """The tuning stage legalises and fuses the derived module again (FuseTIR copies a
     kernel's global symbol into the kernel it makes): the result must still build and equal
     the stock build. A rewrite is forced (min_speedup=0, no measured confirmation) so
@@ -51,8 +48,8 @@ def test_derived_kernels_survive_the_tuning_stage_preparation():
     from tvm_einweld.auto_scheduler_ext.entry_points import prepare_relax
 
     mod = builtin_model(channels=8, size=10)
-    x = np.random.default_rng(0).uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
-    expected = run(tvm.compile(mod, "llvm"), x)
+    x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    expected = run_vm(mod, x)
     stages = tvm_einweld.EinweldOptimize("llvm", fuse=False,
                                          derive_options={"min_speedup": 0.0,
                                                          "confirm_by_measurement": False})
@@ -60,7 +57,7 @@ def test_derived_kernels_survive_the_tuning_stage_preparation():
     assert any(r.applied for r in stages.derivation.last_results)
     target = tvm.target.Target("llvm")
     ex = tvm.compile(prepare_relax(derived, None, target), target)
-    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_vm(ex, x), expected, rtol=1e-4, atol=1e-4)
 
 
 def _doubled(mod):
@@ -77,7 +74,7 @@ def _doubled(mod):
     return bb.get()
 
 
-def test_a_wrong_tuned_module_is_not_used(tmp_path, monkeypatch):
+def test_a_wrong_tuned_module_is_not_used(tmp_path, monkeypatch, rng):
     """Planted fault: the tuning stage returns a module that computes something else (as stock
     TVM's weight pre-packing does for some tuned ConvTranspose kernels). The pipeline must
     notice, warn and keep the untuned module."""
@@ -88,21 +85,20 @@ def test_a_wrong_tuned_module_is_not_used(tmp_path, monkeypatch):
 
     monkeypatch.setattr(entry_points, "adaptive_layout_tuning_pass", wrong_stage)
     mod = builtin_model(channels=8, size=10)
-    x = np.random.default_rng(0).uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
-    expected = run(tvm.compile(mod, "llvm"), x)
+    x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    expected = run_vm(mod, x)
     stages = tvm_einweld.EinweldOptimize(trials=8, work_dir=str(tmp_path), derive=False,
                                          fuse=False)
     with pytest.warns(UserWarning, match="disagrees"):
         ex = tvm.compile(mod, "llvm", relax_pipeline=tvm.transform.Sequential(
             [stages, relax.pipeline.default_build_pipeline()]))
     assert not stages.tuned and not stages.tuning_check.equal
-    np.testing.assert_allclose(run(ex, x), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_vm(ex, x), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
     """Planted timings: the tuned module measures slower than the untuned one in all rounds
     but one, so the pipeline keeps the untuned kernels (and says so)."""
-    import tvm_einweld.einweld_pipeline as pipeline_mod
 
     from tvm_einweld.tir_passes import measure
 

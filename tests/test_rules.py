@@ -312,10 +312,10 @@ def test_every_rule_instance_on_the_case_intermediates_preserves_the_value():
 
 
 def test_a_side_condition_that_cannot_be_posed_refuses_the_instance():
-    from tvm_einweld.relay_passes import Candidate
+    from tvm_einweld.relay_passes import LevelRewrite
 
     def broken():
         raise ValueError("ψ has no component for y")
 
     with pytest.raises(RuleNotApplicable, match="could not be checked"):
-        check("variable_substitution", Candidate(conv(), (broken,), "broken"))
+        check("variable_substitution", LevelRewrite(conv(), (broken,), "broken"))

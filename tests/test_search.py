@@ -9,7 +9,7 @@ from tvm_einweld.expr import Tensor
 from tvm_einweld.expr import canonical as C
 from tvm_einweld.expr.expression import Expr
 from tvm_einweld.expr.fingerprint import fingerprint, structurally_equal
-from tvm_einweld.relay_passes.derivation import Candidate, Rule
+from tvm_einweld.relay_passes.derivation import LevelRewrite, Rule
 from tvm_einweld.relay_passes.search import (
     Budget, converge, distance_guided_search, explore, State,
 )
@@ -129,7 +129,7 @@ def test_distance_guided_search_reports_matches():
 class _Broken(Rule):
     name = "broken"
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         raise RuntimeError("planted fault")
 
 

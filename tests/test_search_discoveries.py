@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import run_vm
 from tvm_einweld.expr import Tensor, random_inputs
 from tvm_einweld.expr import canonical as C
 from tvm_einweld.relay_passes.instantiate import instantiate
@@ -107,7 +108,6 @@ def conv_k(shape, filters, k):
 
 def tvm_conv2d(data, weight, padding):
     """TVM's own conv2d (relax.op.nn.conv2d through tvm.compile) on numpy arrays."""
-    import tvm
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -117,8 +117,7 @@ def tvm_conv2d(data, weight, padding):
         with bb.dataflow():
             out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=padding))
         bb.emit_func_output(out)
-    vm = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(data), tvm.runtime.tensor(weight)).numpy()
+    return run_vm(bb.get(), data, weight)
 
 
 @pytest.mark.parametrize("shape,filters,k,window,compile_check", [

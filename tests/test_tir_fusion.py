@@ -6,6 +6,7 @@ import pytest
 import tvm
 from tvm import relax
 
+from conftest import compile_vm, run_vm
 from tvm_einweld.tir_passes import (TileGraphFusion, compile_pipeline, pipeline, prepare,
                                     workloads)
 from tvm_einweld.tir_passes import fusion as fusion_mod
@@ -16,9 +17,7 @@ from tvm_einweld.tir_passes.measure import generated_source
 
 
 def _run(mod, args):
-    ex = tvm.compile(mod, "llvm")
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    return run_vm(mod, *args)
 
 
 def _random_args(mod, seed=0):
@@ -297,10 +296,9 @@ def test_cuda_build_of_conv_relu_maxpool():
 
 def test_compile_pipeline_for_tvm_compile():
     mod = workloads.layernorm_chain(rows=64, dim=64)
-    ex = tvm.compile(mod, target="llvm", relax_pipeline=compile_pipeline("llvm", topk=1))
-    vm = relax.VirtualMachine(ex, tvm.cpu())
+    run = compile_vm(mod, "llvm", relax_pipeline=compile_pipeline("llvm", topk=1))
     args = _random_args(mod)
-    got = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    got = run(*args)
     np.testing.assert_allclose(got, _run(prepare()(mod), args), rtol=1e-4, atol=1e-4)
 
 

@@ -7,6 +7,7 @@ rules rely on are checked where the fault breaks them.
 """
 import pytest
 
+from conftest import run_vm
 from tvm_einweld.expr import Tensor, evaluate
 from tvm_einweld.verify.inputs import draw, shared_tensors
 from tvm_einweld.verify.mutations import (
@@ -47,7 +48,6 @@ def test_suite_plants_every_fault_kind():
 def test_offset_reduce_matches_tvm_conv():
     """The accepted conv derivation also matches TVM's own conv2d build (not only the IR)."""
     import numpy as np
-    import tvm
     from tvm import relax
 
     A, K = Tensor("A", (1, 3, 7, 7)), Tensor("K", (4, 3, 3, 3))
@@ -59,8 +59,7 @@ def test_offset_reduce_matches_tvm_conv():
     k = relax.Var("K", relax.TensorType(K.shape, "float32"))
     with bb.function("main", [a, k]):
         bb.emit_func_output(relax.op.nn.conv2d(a, k, strides=2, padding=1))
-    vm = relax.VirtualMachine(tvm.compile(bb.get(), "llvm"), tvm.cpu())
-    ref = vm["main"](tvm.runtime.tensor(ins["A"]), tvm.runtime.tensor(ins["K"])).numpy()
+    ref = run_vm(bb.get(), ins["A"], ins["K"])
     np.testing.assert_allclose(evaluate(derived, ins), ref, rtol=1e-5, atol=1e-5)
 
 

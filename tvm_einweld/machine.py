@@ -85,6 +85,13 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
+def memory_bytes() -> int:
+    """Physical memory in bytes (the kernel's total RAM, as /proc/meminfo's MemTotal)."""
+    import psutil  # pylint: disable=import-outside-toplevel
+
+    return psutil.virtual_memory().total
+
+
 def memory_gib() -> float:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -92,21 +99,49 @@ def memory_gib() -> float:
         return float("nan")
 
 
-def cache_sizes() -> Dict[str, int]:
-    """Data/unified cache sizes in bytes by level name ("L1", "L2", "L3") from sysfs."""
-    sizes: Dict[str, int] = {}
-    root = Path("/sys/devices/system/cpu/cpu0/cache")
+@dataclass(frozen=True)
+class CacheLevel:
+    """One data or unified cache of a CPU, as sysfs describes it."""
+
+    level: int
+    size: int  # bytes, the whole cache
+    line: int  # coherency line size, bytes
+    sharers: int  # CPUs that share it
+
+    @property
+    def per_core(self) -> int:
+        """What one core may count on: the whole cache for L1 and L2 (SMT siblings share a
+        core's private caches, and they are still one core's), a share of a last-level cache
+        the cores divide."""
+        return self.size // max(1, self.sharers) if self.level >= 3 else self.size
+
+
+def cpu_caches(cpu: int = 0) -> Dict[int, CacheLevel]:
+    """{level: CacheLevel} for the data/unified caches of `cpu`, from sysfs; entries sysfs
+    does not describe completely are left out (none at all off Linux)."""
+    caches: Dict[int, CacheLevel] = {}
+    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
     for entry in sorted(root.glob("index*")) if root.exists() else []:
         try:
             if (entry / "type").read_text().strip() == "Instruction":
                 continue
-            level = (entry / "level").read_text().strip()
+            level = int((entry / "level").read_text())
             text = (entry / "size").read_text().strip().upper()
-        except OSError:
+            line = int((entry / "coherency_line_size").read_text())
+        except (OSError, ValueError):
             continue
         unit = {"K": 1024, "M": 1024 * 1024}.get(text[-1], 1)
-        sizes[f"L{level}"] = int(text.rstrip("KM")) * unit
-    return sizes
+        try:
+            sharers = len(_parse_cpu_list((entry / "shared_cpu_list").read_text()))
+        except (OSError, ValueError):
+            sharers = 1
+        caches[level] = CacheLevel(level, int(text.rstrip("KM")) * unit, line, sharers)
+    return caches
+
+
+def cache_sizes() -> Dict[str, int]:
+    """Data/unified cache sizes in bytes by level name ("L1", "L2", "L3") from sysfs."""
+    return {f"L{level}": cache.size for level, cache in cpu_caches().items()}
 
 
 def load_average() -> Optional[float]:
@@ -219,6 +254,50 @@ def measure_copy_gbs(mib: int = 256, repeats: int = 5) -> float:
     src = np.ones(mib * 2**20 // 4, np.float32)
     dst = np.empty_like(src)
     return 2.0 * src.nbytes / best_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
+
+
+def measure_numpy_copy_bandwidth(nbytes: int, min_seconds: float = 0.05) -> float:
+    """Bytes/s (read + written) of np.copyto between two buffers of `nbytes` each: the best of
+    runs of 8 copies, repeated for at least `min_seconds` and 3 runs. At cache sizes numpy's
+    per-call overhead dominates, so there the figure is a lower bound."""
+    src = np.ones(max(1, nbytes // 4), dtype="float32")
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = float("inf")
+    start = time.perf_counter()
+    reps = 0
+    while time.perf_counter() - start < min_seconds or reps < 3:
+        t0 = time.perf_counter()
+        for _ in range(8):
+            np.copyto(dst, src)
+        best = min(best, (time.perf_counter() - t0) / 8)
+        reps += 1
+    return 2 * src.nbytes / best
+
+
+BANDWIDTH_FILE = "cpu_bandwidth.json"
+
+
+def level_copy_bandwidths(working_sets: Dict[str, int], key: str) -> Dict[str, float]:
+    """{name: bytes/s} of a numpy copy whose working set is `working_sets[name]` bytes (two
+    buffers of a quarter of it each), measured once per machine: the figures are kept under
+    `cache_dir()` in BANDWIDTH_FILE with `key` (the caller names the cache sizes and cores it
+    probed), and a different key measures again."""
+    path = cache_dir() / BANDWIDTH_FILE
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") == key:
+            return stored["bandwidth"]
+    except (OSError, ValueError, KeyError):
+        pass
+    bandwidth = {name: measure_numpy_copy_bandwidth(max(4096, size // 4))
+                 for name, size in working_sets.items()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "bandwidth": bandwidth}, indent=1))
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return bandwidth
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@
     program = instantiate(d.result)                            # Relax module (BlockBuilder)
 
 Modules, one idea each:
-  derivation             Derivation / Rule / apply_at; rule locations (top level, scopes)
+  derivation             Derivation / Rule (what every rule declares) / apply_at; rule
+                         locations (top level, scopes)
+  registry               RULES, every intra-expression rule; default_rules, the searched ones
   summation_splitting    Σ_{s1,s2} → Σ_{s1} {Σ_{s2}}
   variable_substitution  y = Φ(x) with proven inverse ψ (offsets, coupled pairs, merges,
                          splits), and splitting of summation iterators
@@ -24,11 +26,13 @@ Modules, one idea each:
   rewrite_log            RewriteLog, a PassContext instrument logging every rewrite as JSON
 """
 from .boundary import BoundaryRelaxing, BoundaryTightening
-from .derivation import Candidate, Derivation, Rule, RuleNotApplicable, apply_at, check, locations
+from .derivation import (
+    Derivation, LevelRewrite, Proposal, Rule, RuleNotApplicable, apply_at, check, locations,
+)
 from .inter_expression import (
     ExpressionFusion, ExpressionMerging, ExpressionSplitting, Merged, fuse, merge_expressions,
 )
-from .mapping_table import TABLE, Match, expression_distance, match
+from .mapping_table import TABLE, OperatorMatch, expression_distance, match
 from .summation_splitting import SummationSplitting
 from .traversal_merging import TraversalMerging
 from .variable_substitution import SummationIteratorSplitting, VariableSubstitution, substitute
@@ -36,10 +40,7 @@ from .variable_substitution import SummationIteratorSplitting, VariableSubstitut
 # as `relay_passes.instantiate` is imported anywhere (Python binds submodules on the package).
 from .instantiate import build, instantiate
 from .window_splitting import WindowSplitting
-
-INTRA_RULES = (SummationSplitting, VariableSubstitution, SummationIteratorSplitting,
-               TraversalMerging, BoundaryRelaxing, BoundaryTightening, ExpressionSplitting,
-               WindowSplitting)
+from .registry import RULES, default_rules
 
 
 def __getattr__(name):
@@ -56,11 +57,11 @@ def __getattr__(name):
 
 
 __all__ = [
-    "BoundaryRelaxing", "BoundaryTightening", "Candidate", "Derivation", "Rule",
+    "BoundaryRelaxing", "BoundaryTightening", "LevelRewrite", "Derivation", "Proposal", "Rule",
     "RuleNotApplicable", "apply_at", "check", "locations", "ExpressionFusion", "ExpressionMerging",
     "ExpressionSplitting", "Merged", "fuse",
-    "merge_expressions", "TABLE", "Match", "expression_distance", "match", "SummationSplitting",
-    "TraversalMerging", "SummationIteratorSplitting", "VariableSubstitution", "substitute",
-    "WindowSplitting",
-    "INTRA_RULES", "instantiate", "build", "DerivationTransform", "RewriteLog",
+    "merge_expressions", "TABLE", "OperatorMatch", "expression_distance", "match",
+    "SummationSplitting", "TraversalMerging", "SummationIteratorSplitting",
+    "VariableSubstitution", "substitute", "WindowSplitting",
+    "RULES", "default_rules", "instantiate", "build", "DerivationTransform", "RewriteLog",
 ]

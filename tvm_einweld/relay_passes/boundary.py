@@ -5,7 +5,7 @@
 Tightening shrinks the range of an iterator where the removed slabs are provably zero
 (`prove_constant_region`): for a summation iterator the removed terms add nothing, for the
 traversal iterator of a scope the removed outputs were zeros and become zero padding of the
-scope (`derivation.rescope`), so readers see the same values. Candidate ranges are inferred
+scope (`derivation.rescope`), so readers see the same values. LevelRewrite ranges are inferred
 from the index functions: the iterator values at which some access can still reach data rather
 than padding.
 
@@ -21,7 +21,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from ..expr import index as ix
 from ..expr.expression import Expr, accesses
 from ..verify.smt import prove_constant_region
-from .derivation import Candidate, Rule, trim_padding, widen_padding, with_ranges
+from .derivation import LevelRewrite, Rule, trim_padding, widen_padding, with_ranges
 
 Range = Tuple[int, int]
 
@@ -44,23 +44,23 @@ def _zero_slabs(expr: Expr, name: str, new: Range):
     return tuple((lambda s=s: prove_constant_region(expr, {name: s})) for s in slabs)
 
 
-def tighten(expr: Expr, name: str, new: Range) -> Candidate:
+def tighten(expr: Expr, name: str, new: Range) -> LevelRewrite:
     """Shrink `name` to `new`; the removed slabs must be zero."""
     it = expr.iterator(name)
     if not (it.lo <= new[0] < new[1] <= it.hi) or (new[0], new[1]) == (it.lo, it.hi):
         raise ValueError(f"[{new[0]}, {new[1]}) does not tighten {it}")
     result = trim_padding(with_ranges(expr, {name: new}))
-    return Candidate(result, _zero_slabs(expr, name, new),
+    return LevelRewrite(result, _zero_slabs(expr, name, new),
                      f"tighten {name} from [{it.lo}, {it.hi}) to [{new[0]}, {new[1]})")
 
 
-def relax(expr: Expr, name: str, new: Range) -> Candidate:
+def relax(expr: Expr, name: str, new: Range) -> LevelRewrite:
     """Widen `name` to `new`, padding what the new points read; the new slabs must be zero."""
     it = expr.iterator(name)
     if not (new[0] <= it.lo and it.hi <= new[1]) or (new[0], new[1]) == (it.lo, it.hi):
         raise ValueError(f"[{new[0]}, {new[1]}) does not relax {it}")
     result = widen_padding(with_ranges(expr, {name: new}))
-    return Candidate(result, _zero_slabs(result, name, (it.lo, it.hi)),
+    return LevelRewrite(result, _zero_slabs(result, name, (it.lo, it.hi)),
                      f"relax {name} from [{it.lo}, {it.hi}) to [{new[0]}, {new[1]})")
 
 
@@ -102,7 +102,7 @@ class BoundaryTightening(Rule):
     def __init__(self, names: Optional[Iterable[str]] = None) -> None:
         self.names = set(names) if names is not None else None
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         for name in _changeable(expr, is_top):
             if self.names is not None and name not in self.names:
                 continue
@@ -123,11 +123,14 @@ class BoundaryRelaxing(Rule):
     """
 
     name = "boundary_relaxing"
+    # Not searched: it applies to almost every state (one instance per iterator); its one
+    # combination that matters for operators is `WindowSplitting`.
+    searched = False
 
     def __init__(self, to: Optional[Dict[str, Range]] = None) -> None:
         self.to = dict(to) if to is not None else None
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         for name in _changeable(expr, is_top):
             it = expr.iterator(name)
             if self.to is not None:

@@ -2,7 +2,9 @@
 
 A rule (EinNet §4) looks at an expression and proposes successors. Each proposal carries its
 side conditions as zero-argument callables returning a `verify.smt.ProofResult`; `Rule.apply`
-runs them and yields only the proposals whose conditions are all *proven*. Unknown counts as
+runs them and yields only the proposals whose conditions are all *proven*. `Rule` declares what
+every rule has (name, whether the search uses it, proposing and applying), so the search reads
+rules through that one interface; the registry of the package's rules is `registry.RULES`. Unknown counts as
 failure, so a rule instance that z3 cannot decide is never produced.
 
 Rules look at one expression level at a time; `locations` lets every rule act on the top-level
@@ -15,7 +17,7 @@ from typing import Callable, Iterable, Iterator as PyIterator, List, Optional, S
 
 from ..expr import index as ix
 from ..expr.expression import Access, Expr, Iterator, Scope, Tensor, accesses, map_accesses
-from ..verify.smt import ProofResult
+from ..verify.smt import ProofResult, run_side_condition
 from ..expr.index_simplify import simplify_expr
 
 SideCondition = Callable[[], ProofResult]
@@ -26,7 +28,7 @@ class RuleNotApplicable(ValueError):
 
 
 @dataclass(frozen=True)
-class Candidate:
+class LevelRewrite:
     """A proposed rewrite of one expression level, not yet checked."""
 
     result: Expr
@@ -105,9 +107,9 @@ def replace_source(expr: Expr, old, new) -> Expr:
     return Expr(expr.traversals, expr.sums, map_accesses(expr.body, swap), expr.dtype)
 
 
-def check(rule: str, candidate: Candidate, loc: Optional[Location] = None) -> Derivation:
+def check(rule: str, candidate: LevelRewrite, loc: Optional[Location] = None) -> Derivation:
     """Run the side conditions of `candidate`; the derivation, or RuleNotApplicable saying why."""
-    proofs = tuple(_run_condition(cond) for cond in candidate.side_conditions)
+    proofs = tuple(run_side_condition(cond) for cond in candidate.side_conditions)
     failed = [p for p in proofs if not p.proven]
     where = f" at {loc.path}" if loc is not None and not loc.is_top else ""
     if failed:
@@ -119,35 +121,85 @@ def check(rule: str, candidate: Candidate, loc: Optional[Location] = None) -> De
                       candidate.description + where, proofs)
 
 
-def _run_condition(cond: SideCondition) -> ProofResult:
-    """A side condition's proof; a condition that cannot even be posed (it raises) is
-    "unknown", so the rule instance is refused rather than the search aborted."""
-    try:
-        return cond()
-    except (ValueError, TypeError, KeyError) as err:
-        return ProofResult("unknown", f"side condition could not be checked: {err}")
+@dataclass(frozen=True)
+class Proposal:
+    """A rule instance whose side conditions are not proven yet: `prove()` returns the
+    derivation, or None when a condition does not hold. The search proves only proposals it
+    keeps (new, and improving where converging), since the z3 proofs dominate its time."""
+
+    rule: str
+    result: Expr
+    prove: Callable[[], Optional[Derivation]] = field(compare=False, repr=False)
+
+    @staticmethod
+    def proven(derivation: Derivation) -> "Proposal":
+        """A derivation that is already checked, as a proposal that proves at once."""
+        return Proposal(derivation.rule, derivation.result, lambda: derivation)
 
 
 class Rule:
-    """Base class: subclasses implement `candidates(expr, is_top)` for one expression level."""
+    """A derivation rule (EinNet §4): what every rule declares and how it is applied.
 
-    name = "rule"
+    A rule implements `candidates(expr, is_top)` for one expression level (or, when it finds
+    whole derivations itself, overrides `propose`). Everything else has a default that
+    follows from it, so the search and `apply_at` treat every rule alike:
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
-        raise NotImplementedError
+    * `name`: the rule's name in derivations, logs and statistics.
+    * `explorative_only`: the search's converging derivation leaves it out (a rule that
+      enlarges a level on purpose, see `search.distance_guided_search`).
+    * `searched`: `search.default_rules()` applies it (a rule proposing an instance at almost
+      every state, such as boundary relaxing, is for hand-sequenced derivations only).
+    * `propose(expr)`: every instance at every level of `expr` (`locations`), unproven.
+    * `apply(expr)`: the proven ones among them, as derivations.
+    """
 
-    def apply(self, expr: Expr) -> PyIterator[Derivation]:
-        """Every proven instance of this rule, at every level of `expr`."""
+    name: str = "rule"
+    explorative_only: bool = False
+    searched: bool = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "apply" in vars(cls) and "propose" not in vars(cls):
+            # The search reads `propose` only: an `apply` of its own would be ignored there.
+            raise TypeError(f"{cls.__name__} overrides Rule.apply; override `propose` (or "
+                            "`candidates`) instead, `apply` follows from it")
+
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
+        """The rewrites of one level (`is_top`: the whole expression), unproven; none here."""
+        return ()
+
+    def propose(self, expr: Expr) -> PyIterator[Proposal]:
+        """Every instance of this rule at every level of `expr`, its side conditions not run
+        yet: `Proposal.prove()` runs them (`check`). An instance whose rewrite cannot be put
+        back into `expr` (`RuleNotApplicable` from the rebuild) is not proposed."""
         for loc in locations(expr):
             for cand in self.candidates(loc.expr, loc.is_top):
                 try:
-                    yield check(self.name, cand, loc)
+                    result = loc.rebuild(cand.result)
                 except RuleNotApplicable:
                     continue
+                yield Proposal(self.name, result, _prover(self.name, cand, loc))
+
+    def apply(self, expr: Expr) -> PyIterator[Derivation]:
+        """Every proven instance of this rule, at every level of `expr`."""
+        for proposal in self.propose(expr):
+            derivation = proposal.prove()
+            if derivation is not None:
+                yield derivation
+
+
+def _prover(name: str, cand: LevelRewrite, loc: Location) -> Callable[[], Optional[Derivation]]:
+    def prove() -> Optional[Derivation]:
+        try:
+            return check(name, cand, loc)
+        except RuleNotApplicable:
+            return None
+
+    return prove
 
 
 def apply_at(rule: Rule, expr: Expr, path: str = "top",
-             where: Callable[[Candidate], bool] = lambda c: True,
+             where: Callable[[LevelRewrite], bool] = lambda c: True,
              verify: bool = False) -> Derivation:
     """The first proven instance of `rule` at location `path` accepted by `where`.
 
@@ -248,7 +300,7 @@ def with_ranges(expr: Expr, ranges: dict) -> Expr:
 
 
 __all__ = [
-    "Candidate", "Derivation", "Location", "Rule", "RuleNotApplicable", "SideCondition",
-    "apply_at", "check", "fresh_name", "locations", "replace_source", "rescope", "simplify",
+    "LevelRewrite", "Derivation", "Location", "Proposal", "Rule", "RuleNotApplicable",
+    "SideCondition", "apply_at", "check", "fresh_name", "locations", "replace_source", "rescope", "simplify",
     "trim_padding", "widen_padding", "with_ranges",
 ]

@@ -32,7 +32,7 @@ from ..expr.expression import (
 from .derivation import fresh_name, widen_padding
 from .eoperator import FLOPS_PER_ELEMENT_THRESHOLD, arithmetic_intensity, emit_eoperator
 from ..expr.index_simplify import simplify_index
-from .mapping_table import MATCHERS, Match
+from .mapping_table import MATCHERS, OperatorMatch
 
 
 class InstantiationError(NotImplementedError):
@@ -83,7 +83,7 @@ def _leading(expr: Expr, group: Tuple[str, ...]) -> Tuple[str, ...]:
     return tuple(lead) if len(lead) < len(group) else ()
 
 
-def _layout_rank(m: Match, inner_hint: Optional[str]) -> int:
+def _layout_rank(m: OperatorMatch, inner_hint: Optional[str]) -> int:
     """Prefer matches whose output's innermost dimension is the consumer's innermost read
     (`inner_hint`), then ones where it is at least in the output's last group; the sort is
     stable, so ties keep the matcher's order (expression order first)."""
@@ -293,7 +293,7 @@ class Instantiator:
         return Placed(value, tensor, layout, tuple(it.lo for it in expr.traversals))
 
     # -- operators ------------------------------------------------------------------------
-    def _emit_matmul(self, expr: Expr, m: Match) -> Optional[Placed]:
+    def _emit_matmul(self, expr: Expr, m: OperatorMatch) -> Optional[Placed]:
         """Batch matmul over flattened groups. Leading output iterators that only one operand
         reads (n of an NCHW image in the m group) become broadcast batch dimensions, so the
         result is stored outermost in them, as the consumer reads it, not inside m."""
@@ -319,7 +319,7 @@ class Instantiator:
                                        f"{batch + y_lead + [ext(kk), ext(nn)]}"))
         return self._finish(expr, out, b + lead + mm + nn, "Matmul")
 
-    def _emit_conv2d(self, expr: Expr, m: Match) -> Optional[Placed]:
+    def _emit_conv2d(self, expr: Expr, m: OperatorMatch) -> Optional[Placed]:
         its = {it.name: it for it in expr.iterators}
         x, w = m.x, m.y
         n_grp, f_grp, c_grp = m.group("n"), m.group("f"), m.group("c")
@@ -373,7 +373,7 @@ class Instantiator:
                              + (f" groups={groups}" if groups > 1 else "")))
         return self._finish(expr, out, n_grp + f_grp + tuple(t for t, _, _ in spatial), "Conv2d")
 
-    def _emit_g2bmm(self, expr: Expr, m: Match) -> Optional[Placed]:
+    def _emit_g2bmm(self, expr: Expr, m: OperatorMatch) -> Optional[Placed]:
         its = {it.name: it for it in expr.iterators}
         b, (i,), (j,), k = m.group("b"), m.group("i"), m.group("j"), m.group("k")
         d = m.attr("dilation")

@@ -27,7 +27,7 @@ from ..expr.expression import (
 )
 from ..verify.smt import ProofResult, prove_constant_region, prove_partition
 from .derivation import (
-    Candidate, Derivation, Rule, RuleNotApplicable, SideCondition, check, replace_source,
+    LevelRewrite, Derivation, Rule, RuleNotApplicable, SideCondition, check, replace_source,
     widen_padding,
 )
 from .traversal_merging import inline_scope
@@ -35,7 +35,7 @@ from .traversal_merging import inline_scope
 
 # --- splitting -------------------------------------------------------------------------------
 
-def split_expression(expr: Expr, name: str, at: int) -> Candidate:
+def split_expression(expr: Expr, name: str, at: int) -> LevelRewrite:
     """L^X f ↦ {L^{X1} f}[x] + {L^{X2} f}[x] with X1, X2 the two halves of `name` at `at`."""
     it = expr.iterator(name)
     if it not in expr.traversals or not it.lo < at < it.hi:
@@ -54,19 +54,22 @@ def split_expression(expr: Expr, name: str, at: int) -> Candidate:
     def partition() -> ProofResult:
         return prove_partition(expr.traversals, [parts[0][1], parts[1][1]])
 
-    return Candidate(result, (partition,), f"split {name} at {at}")
+    return LevelRewrite(result, (partition,), f"split {name} at {at}")
 
 
 class ExpressionSplitting(Rule):
     """Split one traversal range in two halves (`at` fixes the cut for hand sequencing)."""
 
     name = "expression_splitting"
+    # Not searched: a split level is two operators where there was one; hand-sequenced
+    # derivations use it.
+    searched = False
 
     def __init__(self, names: Optional[Iterable[str]] = None, at: Optional[int] = None) -> None:
         self.names = set(names) if names is not None else None
         self.at = at
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         for it in expr.traversals:
             if it.extent < 2 or (self.names is not None and it.name not in self.names):
                 continue
@@ -199,7 +202,7 @@ def fuse(consumer: Expr, tensor: str, producer: Expr, inline: bool = True) -> De
 
     fused = Expr(consumer.traversals, consumer.sums, map_accesses(consumer.body, to_scope),
                  consumer.dtype)
-    derivation = check("expression_fusion", Candidate(fused, (), f"fuse producer of {tensor}"))
+    derivation = check("expression_fusion", LevelRewrite(fused, (), f"fuse producer of {tensor}"))
     if not inline:
         return derivation
     for acc in list(accesses(fused.body)):

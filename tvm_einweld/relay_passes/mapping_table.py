@@ -115,7 +115,7 @@ def expression_distance(expr: Expr, op: str) -> int:
 # --- matching with attributes ---------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Match:
+class OperatorMatch:
     """A tensor mapping and iterator grouping of `expr` onto operator `op`, with attributes."""
 
     op: str
@@ -176,7 +176,7 @@ def _orderings(groups: Mapping[str, Tuple[str, ...]]) -> PyIterator[Dict[str, Tu
         yield dict(zip(names, combo))
 
 
-def match_matmul(expr: Expr) -> PyIterator[Match]:
+def match_matmul(expr: Expr) -> PyIterator[OperatorMatch]:
     """Batch matmul: every group may hold several iterators (they flatten into one dimension,
     in each order `_orderings` yields).
 
@@ -190,7 +190,7 @@ def match_matmul(expr: Expr) -> PyIterator[Match]:
             yield _matmul_match(x, y, groups)
 
 
-def _matmul_match(x: Access, y: Access, groups: Mapping[str, Tuple[str, ...]]) -> Match:
+def _matmul_match(x: Access, y: Access, groups: Mapping[str, Tuple[str, ...]]) -> OperatorMatch:
     """Transpose flags and leading dimensions: compare the flattened coefficients of the
     innermost iterators of the two groups each operand reads."""
     attrs = []
@@ -201,7 +201,7 @@ def _matmul_match(x: Access, y: Access, groups: Mapping[str, Tuple[str, ...]]) -
             c_inner = abs(form[0].get(groups[inner][-1], 0))
             attrs += [(f"transpose_{name}", c_outer < c_inner),
                       (f"ld{name}", max(c_outer, c_inner))]
-    return Match("matmul", x, y, tuple(groups.items()), tuple(attrs))
+    return OperatorMatch("matmul", x, y, tuple(groups.items()), tuple(attrs))
 
 
 def _pair_spatial(x: Access, hw: Tuple[str, ...], rs: Tuple[str, ...]):
@@ -247,7 +247,7 @@ def grouped_channel(expr: Expr, x: Access, w: Access) -> Optional[Tuple[int, str
     return None
 
 
-def match_conv2d(expr: Expr) -> PyIterator[Match]:
+def match_conv2d(expr: Expr) -> PyIterator[OperatorMatch]:
     """2-D convolution: two compound index functions a·t + b·r + c of the data (stride a,
     dilation b, padding −c), n / f / c groups of plain iterators (several flatten into one);
     a data channel (f // Fg)·Cg + c makes it a grouped convolution (attribute `groups`)."""
@@ -275,10 +275,10 @@ def match_conv2d(expr: Expr) -> PyIterator[Match]:
                  ("spatial", tuple((t, r, d) for t, r, _, _, _, d in pairs)),
                  ("groups", grouped[3] if grouped else 1),
                  ("channel_dim", grouped[0] if grouped else None))
-        yield Match("conv2d", x, w, tuple(groups.items()), attrs)
+        yield OperatorMatch("conv2d", x, w, tuple(groups.items()), attrs)
 
 
-def match_g2bmm(expr: Expr) -> PyIterator[Match]:
+def match_g2bmm(expr: Expr) -> PyIterator[OperatorMatch]:
     """G2BMM: Y is read at a function of i + d·j (j the band iterator, traversal, not in X)."""
     trav = {it.name for it in expr.traversals}
     for x, y in _mappings(expr):
@@ -309,10 +309,10 @@ def match_g2bmm(expr: Expr) -> PyIterator[Match]:
         if len(batch) + len(k) != len(rest) or not k:
             continue
         groups = (("b", batch), ("i", (i,)), ("j", (j,)), ("k", k))
-        yield Match("g2bmm", x, y, groups, (("dilation", dil),))
+        yield OperatorMatch("g2bmm", x, y, groups, (("dilation", dil),))
 
 
-def match_gbmm(expr: Expr) -> PyIterator[Match]:
+def match_gbmm(expr: Expr) -> PyIterator[OperatorMatch]:
     """GBMM: C[b, i, k] = Σ_j A[b, i, j + w] · B[b, i + d·j, k]; j is the summed band."""
     row = TABLE["gbmm"]
     for a, y in _mappings(expr):
@@ -323,12 +323,12 @@ def match_gbmm(expr: Expr) -> PyIterator[Match]:
         for idx in y.indices:
             form = ix.linear_form(idx)
             if form is not None and set(form[0]) == {i, j} and form[0][j] % form[0][i] == 0:
-                yield Match("gbmm", a, y, tuple(groups.items()),
+                yield OperatorMatch("gbmm", a, y, tuple(groups.items()),
                             (("dilation", form[0][j] // form[0][i]),))
                 break
 
 
-def match_conv2d_transpose(expr: Expr) -> PyIterator[Match]:
+def match_conv2d_transpose(expr: Expr) -> PyIterator[OperatorMatch]:
     """Transposed convolution in the canonical form (y + p) // s − k and (y + p) % s + s·k:
     stride s and padding p read off the paired floor division and modulo."""
     row = TABLE["conv2d_transpose"]
@@ -348,7 +348,7 @@ def match_conv2d_transpose(expr: Expr) -> PyIterator[Match]:
             strides.append(divs[0].rhs.value)
             pads.append(form[1])
         else:
-            yield Match("conv2d_transpose", x, w, tuple(groups.items()),
+            yield OperatorMatch("conv2d_transpose", x, w, tuple(groups.items()),
                         (("strides", tuple(strides)), ("padding", tuple(pads))))
 
 
@@ -363,7 +363,7 @@ MATCHERS = {"matmul": match_matmul, "conv2d": match_conv2d, "g2bmm": match_g2bmm
             "gbmm": match_gbmm, "conv2d_transpose": match_conv2d_transpose}
 
 
-def match(expr: Expr, ops=("conv2d", "g2bmm", "matmul")) -> Optional[Match]:
+def match(expr: Expr, ops=("conv2d", "g2bmm", "matmul")) -> Optional[OperatorMatch]:
     """The first match of `expr` onto one of `ops`, tried in order."""
     for op in ops:
         for m in MATCHERS[op](expr):

@@ -152,10 +152,6 @@ def roofline_seconds(expr: Expr, peaks: Optional[Peaks] = None) -> float:
     return total
 
 
-def eop_kernel(expr: Expr, name: str) -> Kernel:
-    return Kernel(f"eop:{name}", eop_seconds(expr), False)
-
-
 # --- predefined operators ------------------------------------------------------------------
 
 def _describe_arg(arg) -> str:
@@ -297,17 +293,8 @@ def time_call(call, target: str = "llvm") -> float:
     return float(machine.cached(call_key(call, target), lambda: measure_call(call, target)))
 
 
-def op_kernel(call, target: str = "llvm", name: Optional[str] = None) -> Kernel:
-    """The timed kernel of a predefined operator call."""
-    if name is None:
-        name = getattr(call.op, "name", str(call.op))
-        if name == "relax.call_dps_packed":
-            name = str(call.args[0].global_symbol)
-    return Kernel(name, time_call(call, target), True)
-
-
 __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_intensity",
-           "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes", "eop_kernel",
-           "measure_module", "measure_modules", "measured_comparison", "best_seconds", "call_key", "time_call",
-           "measure_call", "op_kernel", "static_shape", "tensor_nbytes", "single_call_module", "EOP_MAX_INTENSITY", "levels",
-           "roofline_seconds", "iteration_points", "estimate_call"]
+           "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes",
+           "measure_module", "measure_modules", "measured_comparison", "best_seconds", "call_key",
+           "time_call", "measure_call", "static_shape", "tensor_nbytes", "single_call_module",
+           "EOP_MAX_INTENSITY", "levels", "roofline_seconds", "iteration_points", "estimate_call"]

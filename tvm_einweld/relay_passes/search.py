@@ -21,9 +21,16 @@ soon as it is found it is also driven towards every target. Budgets (depth, stat
 cover both phases. The search is deterministic for a given seed (up to where a time limit cuts
 it): the seed only permutes the order in which the successors of a state are queued.
 
-Rules are `derivation.Rule` objects. Their side conditions (z3 proofs) dominate the search's
-time, so rule instances are proposed unproven (`proposals`) and proven only when the search
-keeps them: new, and improving while converging. Only proven derivations become states. A
+Both phases are one best-first loop (`_best_first`) that differ only in the key a state is
+queued by and in which successors they admit: every explored successor that is new, and in
+converging only those that improve (distance, cost). Anything said of the loop (repeats are
+dropped before proving, a faulty rule is reported, the seed fixes the order) holds for both.
+
+Rules are `derivation.Rule` objects, read only through that interface (`name`,
+`explorative_only`, `propose`); the default set is `registry.RULES`'s searched rules. Their
+side conditions (z3 proofs) dominate the search's time, so rule instances are proposed unproven
+(`Rule.propose`) and proven only when the search keeps them: new, and improving while
+converging. Only proven derivations become states. A
 rule that raises is recorded in the statistics and contributes no successor, so a faulty rule
 cannot stop the search, nor produce a wrong rewrite (the pass verifies whatever it picks).
 """
@@ -34,12 +41,12 @@ import random
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ..expr.expression import Expr
 from ..expr.fingerprint import fingerprint, structurally_equal
 from .deadline import DeadlineExceeded, search_deadline
-from .derivation import Derivation, Rule, RuleNotApplicable, check, locations
+from .derivation import Derivation, Proposal, Rule
 
 Distance = Callable[[Expr], Optional[float]]
 Priority = Callable[["State"], float]
@@ -86,7 +93,7 @@ class State:
 
 
 @dataclass(frozen=True)
-class Match:
+class TargetMatch:
     """A state whose expression instantiates as `target` (distance 0)."""
 
     target: str
@@ -116,7 +123,7 @@ class SearchResult:
     states: Tuple[State, ...]  # every distinct state, in discovery order (start first)
     stats: SearchStats
     best_per_depth: Tuple[Optional[State], ...]  # lowest-ranked state at each depth
-    matches: Tuple[Match, ...] = ()
+    matches: Tuple[TargetMatch, ...] = ()
 
     def find(self, predicate: Callable[[Expr], bool]) -> Optional[State]:
         """The first state (discovery order) whose expression satisfies `predicate`."""
@@ -173,64 +180,72 @@ class _Clock:
         return time.perf_counter() - self.start
 
 
-@dataclass(frozen=True)
-class Proposal:
-    """A rule instance whose side conditions are not proven yet: `prove()` returns the
-    derivation, or None when a condition does not hold. The search proves only proposals it
-    keeps (new, and improving where converging), since the z3 proofs dominate its time."""
-
-    rule: str
-    result: Expr
-    prove: Callable[[], Optional[Derivation]] = field(compare=False, repr=False)
-
-
 def proposals(expr: Expr, rules: Sequence[Rule], errors: List[str],
               deadline: Optional[float] = None) -> List[Proposal]:
-    """Every instance of every rule at every level of `expr`, unproven. A rule that overrides
-    `Rule.apply` is asked for its (proven) derivations instead. Past `deadline` (a
-    `time.perf_counter()` value) the proposals found so far are returned."""
+    """Every instance of every rule at every level of `expr`, unproven (`Rule.propose`).
+    Past `deadline` (a `time.perf_counter()` value) the proposals found so far are returned."""
     if deadline is not None:
         with search_deadline(deadline):
             return proposals(expr, rules, errors)
     out: List[Proposal] = []
     for rule in rules:
-        name = getattr(rule, "name", type(rule).__name__)
         try:
-            if type(rule).apply is not Rule.apply:
-                out += [Proposal(name, d.result, lambda d=d: d) for d in rule.apply(expr)]
-                continue
-            for loc in locations(expr):
-                for cand in rule.candidates(loc.expr, loc.is_top):
-                    try:
-                        result = loc.rebuild(cand.result)
-                    except RuleNotApplicable:
-                        continue
-                    out.append(Proposal(name, result, _prover(name, cand, loc)))
+            for proposal in rule.propose(expr):
+                out.append(proposal)
         except DeadlineExceeded:
             break  # the search is out of time: it stops at its next check
         except Exception as err:  # a faulty rule must not stop the search; it is reported
-            errors.append(f"{name} on {expr}: {type(err).__name__}: {err}")
+            errors.append(f"{rule.name} on {expr}: {type(err).__name__}: {err}")
     return out
 
 
-def _prover(name: str, cand, loc) -> Callable[[], Optional[Derivation]]:
-    def prove() -> Optional[Derivation]:
-        try:
-            return check(name, cand, loc)
-        except RuleNotApplicable:
-            return None
-
-    return prove
+Key = TypeVar("Key")
 
 
-def successors(state: State, rules: Sequence[Rule], errors: List[str]) -> List[State]:
-    """Every proven derivation of every rule from `state`, as states one level deeper."""
-    out = []
-    for p in proposals(state.expr, rules, errors):
-        d = p.prove()
-        if d is not None:
-            out.append(State(d.result, state.depth + 1, state, d))
-    return out
+def _best_first(start: State, start_key: Key, rules: Sequence[Rule], budget: Budget,
+                clock: _Clock, seen: _Seen, errors: List[str],
+                admit: Callable[[Expr, Key], Optional[Key]],
+                visit: Callable[[State, Key], Tuple[Key, bool]], lifo: bool = False) -> int:
+    """The derivation loop both phases drive; returns the number of states expanded.
+
+    It takes the frontier state of lowest key (FIFO on ties; the newest with `lifo`, which is
+    depth-first), stops expanding at `budget.max_depth` steps from `start`, and asks every rule
+    for its instances there in an order the budget's seed permutes. A proposal is kept when
+    `admit(result, parent key)` gives it a key, it is not a repeat (`seen`), and its side
+    conditions are proven, in that order, so proofs run only for what would be kept.
+    `visit(child, key)` sees each kept state and returns (its frontier key, stop). The loop
+    ends when the frontier is empty, `visit` says stop, or the clock runs out (between
+    expansions; `visit` checks within one where the caller wants it)."""
+    rng = random.Random(budget.seed)
+    frontier: List[Tuple[Key, int, State]] = [(start_key, 0, start)]
+    order = expanded = 0
+    stop = False
+    while frontier and not stop and not clock.out():
+        key, _, state = frontier.pop() if lifo else heapq.heappop(frontier)
+        if state.depth - start.depth >= budget.max_depth:
+            continue
+        expanded += 1
+        props = proposals(state.expr, rules, errors, clock.deadline)
+        rng.shuffle(props)
+        for prop in props:
+            child_key = admit(prop.result, key)
+            if child_key is None or seen.known(prop.result, state.depth + 1):
+                continue
+            derivation = prop.prove()
+            if derivation is None:
+                continue
+            child = State(derivation.result, state.depth + 1, state, derivation)
+            seen.add(child)
+            clock.states += 1
+            order += 1
+            child_key, stop = visit(child, child_key)
+            if lifo:
+                frontier.append((child_key, order, child))
+            else:
+                heapq.heappush(frontier, (child_key, order, child))
+            if stop:
+                break
+    return expanded
 
 
 def explore(
@@ -254,49 +269,25 @@ def explore(
 
 def _explore(start: State, rules, budget: Budget, clock: _Clock, seen: _Seen,
              priority, rank, on_state) -> SearchResult:
-    rng = random.Random(budget.seed)
     errors: List[str] = []
-    order = 0
     states: List[State] = [start]
     seen.add(start)
     clock.states += 1
-    frontier: List[Tuple[float, int, State]] = [(0.0, 0, start)]
-    stop = bool(on_state and on_state(start))
-    if stop:
-        clock.stopped_by = "goal"
+
+    def visit(child: State, _key) -> Tuple[float, bool]:
+        states.append(child)
+        key = priority(child) if priority is not None else 0.0
+        if on_state and on_state(child):
+            clock.stopped_by = "goal"
+            return key, True
+        return key, clock.out()
+
     expanded = 0
-    while frontier and not stop and not clock.out():
-        if budget.strategy == "dfs":
-            _, _, state = frontier.pop()
-        else:
-            _, _, state = heapq.heappop(frontier)
-        if state.depth >= budget.max_depth:
-            continue
-        expanded += 1
-        props = proposals(state.expr, rules, errors, clock.deadline)
-        rng.shuffle(props)
-        for prop in props:
-            if seen.known(prop.result, state.depth + 1):
-                continue
-            d = prop.prove()
-            if d is None:
-                continue
-            child = State(d.result, state.depth + 1, state, d)
-            seen.add(child)
-            states.append(child)
-            clock.states += 1
-            order += 1
-            key = priority(child) if priority is not None else 0.0
-            if budget.strategy == "dfs":
-                frontier.append((key, order, child))
-            else:
-                heapq.heappush(frontier, (key, order, child))
-            if on_state and on_state(child):
-                clock.stopped_by, stop = "goal", True
-                break
-            if clock.out():
-                stop = True
-                break
+    if on_state and on_state(start):
+        clock.stopped_by = "goal"
+    else:
+        expanded = _best_first(start, 0.0, rules, budget, clock, seen, errors,
+                               lambda _result, _key: 0.0, visit, budget.strategy == "dfs")
     if clock.stopped_by == "exhausted":
         clock.out()  # proposals cut short by the deadline can empty the frontier early
     stats = SearchStats(len(states), seen.pruned, seen.collisions, expanded, clock.seconds,
@@ -348,36 +339,25 @@ def converge(
         return None, 0
     key0 = (d0, cost(start.expr))
     best: Optional[Tuple[Tuple[float, float], State]] = (key0, start) if d0 == 0 else None
-    rng = random.Random(budget.seed)
     seen = _Seen()
     seen.add(start)
-    errors: List[str] = []
-    created, order = 0, 0
-    frontier: List[Tuple[Tuple[float, float], int, State]] = [(key0, 0, start)]
-    while frontier and not clock.out():
-        key, _, state = heapq.heappop(frontier)
-        if state.depth - start.depth >= budget.max_depth:
-            continue
-        props = proposals(state.expr, rules, errors, clock.deadline)
-        rng.shuffle(props)
-        for prop in props:
-            d = distance(prop.result)
-            if d is None or d > key[0]:
-                continue
-            child_key = (d, cost(prop.result))
-            if child_key >= key or seen.known(prop.result, state.depth + 1):
-                continue
-            derivation = prop.prove()
-            if derivation is None:
-                continue
-            child = State(derivation.result, state.depth + 1, state, derivation)
-            seen.add(child)
-            created += 1
-            clock.states += 1
-            if d == 0 and (best is None or child_key < best[0]):
-                best = (child_key, child)
-            order += 1
-            heapq.heappush(frontier, (child_key, order, child))
+    created = 0
+
+    def admit(result: Expr, key: Tuple[float, float]) -> Optional[Tuple[float, float]]:
+        d = distance(result)
+        if d is None or d > key[0]:
+            return None
+        child_key = (d, cost(result))
+        return child_key if child_key < key else None
+
+    def visit(child: State, key: Tuple[float, float]) -> Tuple[Tuple[float, float], bool]:
+        nonlocal best, created
+        created += 1
+        if key[0] == 0 and (best is None or key < best[0]):
+            best = (key, child)
+        return key, False
+
+    _best_first(start, key0, rules, budget, clock, seen, [], admit, visit)
     return (best[1] if best is not None else None), created
 
 
@@ -406,11 +386,11 @@ def distance_guided_search(
         from .op_cost import roofline_seconds as cost
     targets = dict(targets or {})
     conv_rules = list(converging_rules) if converging_rules is not None else \
-        [r for r in rules if not getattr(r, "explorative_only", False)]
+        [r for r in rules if not r.explorative_only]
     conv_budget = Budget(max_depth=budget.max_depth, max_states=converge_states,
                          time_limit_s=budget.time_limit_s, seed=budget.seed)
     clock = _Clock(budget)
-    matches: List[Match] = []
+    matches: List[TargetMatch] = []
     matched: Dict[Tuple[str, str], List[Expr]] = {}
     converged = [0]
 
@@ -429,7 +409,7 @@ def distance_guided_search(
             if any(structurally_equal(e, found.expr) for e in matched.get(key, [])):
                 continue
             matched.setdefault(key, []).append(found.expr)
-            matches.append(Match(name, found))
+            matches.append(TargetMatch(name, found))
             if stop_when is not None and stop_when(found):
                 return True
         return False
@@ -444,7 +424,8 @@ def distance_guided_search(
 
 
 def default_rules() -> List[Rule]:
-    """The intra-expression rules of EinNet §4.1 that the search applies by default.
+    """The intra-expression rules of EinNet §4.1 that the search applies by default: those of
+    `registry.RULES` marked `searched`.
 
     Summation-iterator splitting and boundary relaxing on their own are left out: they apply
     to almost every state (one instance per divisor / per iterator) and are used by
@@ -452,16 +433,12 @@ def default_rules() -> List[Rule]:
     included as `WindowSplitting`: relax and split the window iterators of a sliding-window
     sum by a factor k and sum the k-window operator in a scope (conv 5×5 → conv 3×3 with 4×
     the channels + OffsetReduce, EinNet Fig. 6); it is proposed only for levels that have
-    window iterators, once per factor below the longest window.
+    window iterators, once per factor below the longest window. Expression splitting is left
+    out too (a split level is two operators where there was one).
     """
-    from .boundary import BoundaryTightening
-    from .summation_splitting import SummationSplitting
-    from .traversal_merging import TraversalMerging
-    from .variable_substitution import VariableSubstitution
-    from .window_splitting import WindowSplitting
+    from .registry import default_rules as registered  # pylint: disable=import-outside-toplevel
 
-    return [SummationSplitting(), VariableSubstitution(), TraversalMerging(),
-            BoundaryTightening(), WindowSplitting()]
+    return registered()
 
 
 def level_distance(op: str) -> Distance:
@@ -499,7 +476,7 @@ def default_targets() -> Dict[str, Distance]:
     return {op: level_distance(op) for op in sorted(MATCHERS)}
 
 
-__all__ = ["Budget", "State", "Proposal", "proposals", "Match", "SearchStats", "SearchResult",
+__all__ = ["Budget", "State", "Proposal", "proposals", "TargetMatch", "SearchStats", "SearchResult",
            "explore", "converge",
-           "distance_guided_search", "successors", "default_rules", "default_targets",
+           "distance_guided_search", "default_rules", "default_targets",
            "level_distance"]

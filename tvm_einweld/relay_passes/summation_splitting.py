@@ -11,10 +11,10 @@ import itertools
 from typing import FrozenSet, Iterable, Optional
 
 from ..expr.expression import Access, Expr, Scope
-from .derivation import Candidate, Rule
+from .derivation import LevelRewrite, Rule
 
 
-def split_summation(expr: Expr, inner: FrozenSet[str]) -> Candidate:
+def split_summation(expr: Expr, inner: FrozenSet[str]) -> LevelRewrite:
     """Sum over the iterators named in `inner` inside a new scope."""
     names = {it.name for it in expr.sums}
     if not inner or not set(inner) < names:
@@ -25,7 +25,7 @@ def split_summation(expr: Expr, inner: FrozenSet[str]) -> Candidate:
     scope = Scope(Expr(expr.traversals + kept, moved, expr.body, expr.dtype))
     read = Access(scope, tuple(it.var for it in expr.traversals + kept))
     result = Expr(expr.traversals, kept, read, expr.dtype)
-    return Candidate(result, (), f"Σ{{{', '.join(sorted(inner))}}} materialised as a scope")
+    return LevelRewrite(result, (), f"Σ{{{', '.join(sorted(inner))}}} materialised as a scope")
 
 
 class SummationSplitting(Rule):
@@ -39,7 +39,7 @@ class SummationSplitting(Rule):
     def __init__(self, inner: Optional[Iterable[str]] = None) -> None:
         self.inner = frozenset(inner) if inner is not None else None
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         names = [it.name for it in expr.sums]
         for k in range(1, len(names)):
             for group in itertools.combinations(names, k):

@@ -24,10 +24,10 @@ from ..expr.expression import (
     Access, Expr, Iterator, Scope, accesses, map_accesses, substitute_body,
 )
 from ..verify.smt import prove_constant_region, prove_image_within
-from .derivation import Candidate, Rule, fresh_name, widen_padding, with_ranges
+from .derivation import LevelRewrite, Rule, fresh_name, widen_padding, with_ranges
 
 
-def inline_scope(expr: Expr, access: Access) -> Candidate:
+def inline_scope(expr: Expr, access: Access) -> LevelRewrite:
     """Inline the scope read by `access` (an access of `expr`'s body)."""
     scope = access.source
     if not isinstance(scope, Scope):
@@ -67,7 +67,7 @@ def inline_scope(expr: Expr, access: Access) -> Candidate:
     zero_slabs = tuple((lambda n=n, r=r: prove_constant_region(relaxed, {n: r}))
                        for n, r in slabs)
     moved = " (its padding moved onto the tensors)" if padded else ""
-    return Candidate(result, zero_slabs + (within,),
+    return LevelRewrite(result, zero_slabs + (within,),
                      f"inline scope read at [{', '.join(map(str, access.indices))}]{moved}")
 
 
@@ -76,7 +76,7 @@ class TraversalMerging(Rule):
 
     name = "traversal_merging"
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         seen = []
         for acc in accesses(expr.body):
             if isinstance(acc.source, Scope) and acc not in seen:

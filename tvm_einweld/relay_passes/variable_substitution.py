@@ -26,12 +26,12 @@ from ..expr import index as ix
 from ..expr.expression import Access, Expr, Iterator, Scope, accesses, substitute_body
 from ..expr.index import IndexExpr, IVar
 from ..verify.smt import prove_bijection, prove_image_within, prove_left_inverse
-from .derivation import Candidate, Rule, fresh_name, widen_padding
+from .derivation import LevelRewrite, Rule, fresh_name, widen_padding
 from .inverse import infer_inverse
 
 
 def substitute(expr: Expr, phi: Mapping[str, IndexExpr], psi: Mapping[str, IndexExpr],
-               layout: Optional[Sequence[str]] = None) -> Candidate:
+               layout: Optional[Sequence[str]] = None) -> LevelRewrite:
     """The substitution y = Φ(x) with inverse ψ, both given (proven in the side conditions).
 
     phi: {new name: expression over traversal iterators}; psi: {replaced traversal iterator:
@@ -87,7 +87,7 @@ def substitute(expr: Expr, phi: Mapping[str, IndexExpr], psi: Mapping[str, Index
         return prove_image_within(read, box_domain, box)
 
     text = ", ".join(f"{n} = {e}" for n, e in phi.items())
-    return Candidate(result, (left_inverse, in_box), f"substitute {text}")
+    return LevelRewrite(result, (left_inverse, in_box), f"substitute {text}")
 
 
 def _traversal_part(e: IndexExpr, trav: Sequence[str]) -> Optional[Tuple[Dict[str, int], int]]:
@@ -237,7 +237,7 @@ class VariableSubstitution(Rule):
     def __init__(self, kinds: Iterable[str] = ("offset", "coupled", "merge", "split")) -> None:
         self.kinds = tuple(kinds)
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         makers = {"offset": offset_substitutions, "coupled": coupled_substitutions,
                   "merge": merge_substitutions, "split": split_substitutions}
         for kind in self.kinds:
@@ -247,7 +247,7 @@ class VariableSubstitution(Rule):
 
 # --- summation iterators ---------------------------------------------------------------------
 
-def split_sum_iterator(expr: Expr, name: str, factor: int) -> Candidate:
+def split_sum_iterator(expr: Expr, name: str, factor: int) -> LevelRewrite:
     """Σ_r ↦ Σ_{r_outer, r_inner} with r = lo + factor·r_outer + r_inner."""
     it = expr.iterator(name)
     if it not in expr.sums:
@@ -269,7 +269,7 @@ def split_sum_iterator(expr: Expr, name: str, factor: int) -> Candidate:
     def bijection():
         return prove_bijection(phi, psi, (it,), (outer_it, inner_it))
 
-    return Candidate(result, (bijection,),
+    return LevelRewrite(result, (bijection,),
                      f"split Σ {name} = {psi[name]} ({outer}: {outer_it.lo}..{outer_it.hi}, "
                      f"{inner}: 0..{factor})")
 
@@ -278,13 +278,16 @@ class SummationIteratorSplitting(Rule):
     """Split a summation iterator by a proper divisor of its extent (one iterator into two)."""
 
     name = "summation_iterator_splitting"
+    # Not searched: it applies to almost every state (one instance per divisor); its one
+    # combination that matters for operators is `WindowSplitting`.
+    searched = False
 
     def __init__(self, names: Optional[Iterable[str]] = None,
                  factors: Optional[Iterable[int]] = None) -> None:
         self.names = set(names) if names is not None else None
         self.factors = set(factors) if factors is not None else None
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         for it in expr.sums:
             if self.names is not None and it.name not in self.names:
                 continue

@@ -46,7 +46,7 @@ from ..expr import index as ix
 from ..expr.expression import Expr, accesses
 from ..expr.index import IVar
 from .boundary import relax
-from .derivation import Candidate, Rule
+from .derivation import LevelRewrite, Rule
 from .summation_splitting import split_summation
 from .variable_substitution import split_sum_iterator
 
@@ -67,13 +67,13 @@ def window_iterators(expr: Expr) -> List[str]:
     return [it.name for it in expr.sums if it.name in plain and it.name in windowed]
 
 
-def split_window(expr: Expr, names: Sequence[str], factor: int) -> Candidate:
+def split_window(expr: Expr, names: Sequence[str], factor: int) -> LevelRewrite:
     """Relax each named summation iterator to a multiple of `factor` where needed, split it as
     lo + factor·offset + window, and sum everything but the offsets in a scope. Side
     conditions: every relaxed slab is zero, every split is a bijection."""
     current, conditions, notes, offsets = expr, [], [], set()
 
-    def then(cand: Candidate) -> Expr:
+    def then(cand: LevelRewrite) -> Expr:
         conditions.extend(cand.side_conditions)
         notes.append(cand.description)
         return cand.result
@@ -88,7 +88,7 @@ def split_window(expr: Expr, names: Sequence[str], factor: int) -> Candidate:
         offsets.add(current.sums[at].name)  # the split puts (offset, window) where r was
     inner = frozenset(s.name for s in current.sums if s.name not in offsets)
     current = then(split_summation(current, inner))
-    return Candidate(current, tuple(conditions), "; ".join(notes))
+    return LevelRewrite(current, tuple(conditions), "; ".join(notes))
 
 
 class WindowSplitting(Rule):
@@ -107,7 +107,7 @@ class WindowSplitting(Rule):
     def __init__(self, factors: Optional[Iterable[int]] = None) -> None:
         self.factors = set(factors) if factors is not None else None
 
-    def candidates(self, expr: Expr, is_top: bool) -> Iterable[Candidate]:
+    def candidates(self, expr: Expr, is_top: bool) -> Iterable[LevelRewrite]:
         window = window_iterators(expr)
         if not window:
             return

@@ -5,22 +5,19 @@ smaller (CPU L2 and L1, GPU shared memory and registers). The scheduler only nee
 its capacity (what one tile-graph may keep live there), its transaction width (the granularity at
 which traffic is counted) and its bandwidth (to turn traffic into an estimated time).
 
-`cpu_device()` reads the cache sizes of this machine from sysfs and measures the bandwidths once
-with numpy copies sized to each level, caching the figures on disk (for L1 the per-call overhead of
-numpy dominates, so that figure is a lower bound; the scheduler ranks tiles by DRAM traffic and
-uses the upper levels' figures only to break ties, see scheduler.py). The CUDA descriptions are
+`cpu_device()` builds this machine's hierarchy from the facts `tvm_einweld.machine` probes: the
+cache sizes in sysfs, and the bandwidths of numpy copies sized to each level, measured once and
+cached on disk (for L1 the per-call overhead of numpy dominates, so that figure is a lower bound;
+the scheduler ranks tiles by DRAM traffic and uses the upper levels' figures only to break ties,
+see scheduler.py). The CUDA descriptions are
 static data sheets, so they can be built on a machine without a GPU.
 """
 from __future__ import annotations
 
-import json
 import os
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from ..machine import cache_dir
-
+from .. import machine
 
 
 @dataclass(frozen=True)
@@ -60,96 +57,22 @@ class Device:
 
 
 # ---------------------------------------------------------------------------------------- CPU
-def _sysfs_caches(cpu: int = 0) -> dict[int, tuple[int, int]]:
-    """{cache level: (size in bytes, line size)} for data/unified caches of one core."""
-    root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
-    caches: dict[int, tuple[int, int]] = {}
-    for index in sorted(root.glob("index*")):
-        try:
-            if (index / "type").read_text().strip() == "Instruction":
-                continue
-            level = int((index / "level").read_text())
-            size_text = (index / "size").read_text().strip()
-            line = int((index / "coherency_line_size").read_text())
-        except (OSError, ValueError):
-            continue
-        unit = {"K": 1024, "M": 1024 * 1024}.get(size_text[-1], 1)
-        size = int(size_text.rstrip("KM")) * unit
-        # A cache shared by several cores gives each of them a share only.
-        try:
-            shared = (index / "shared_cpu_list").read_text().strip()
-            sharers = _count_cpus(shared)
-        except OSError:
-            sharers = 1
-        caches[level] = (size // max(1, sharers) if level >= 3 else size, line)
-    return caches
-
-
-def _count_cpus(cpu_list: str) -> int:
-    count = 0
-    for part in cpu_list.split(","):
-        lo, _, hi = part.partition("-")
-        count += int(hi or lo) - int(lo) + 1
-    return count
-
-
-def _copy_bandwidth(nbytes: int, min_seconds: float = 0.05) -> float:
-    """Bytes/s of np.copyto between two buffers of `nbytes` each (read + write counted)."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
-    src = np.ones(max(1, nbytes // 4), dtype="float32")
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    best = float("inf")
-    start = time.perf_counter()
-    reps = 0
-    while time.perf_counter() - start < min_seconds or reps < 3:
-        t0 = time.perf_counter()
-        for _ in range(8):
-            np.copyto(dst, src)
-        best = min(best, (time.perf_counter() - t0) / 8)
-        reps += 1
-    return 2 * src.nbytes / best
-
-
-def _measured_cpu_bandwidths(sizes: dict[str, int], key: str) -> dict[str, float]:
-    """Measure once per machine; the figures are cached in a JSON file keyed by the cache sizes."""
-    path = cache_dir() / "cpu_bandwidth.json"
-    try:
-        cached = json.loads(path.read_text())
-        if cached.get("key") == key:
-            return cached["bandwidth"]
-    except (OSError, ValueError, KeyError):
-        pass
-    # Each probe copies between two buffers of a quarter of the given working-set size.
-    bandwidth = {name: _copy_bandwidth(max(4096, size // 4)) for name, size in sizes.items()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "bandwidth": bandwidth}, indent=1))
-    except OSError:
-        pass  # a read-only home only costs a re-measurement next time
-    return bandwidth
-
-
 def cpu_device(num_cores: int | None = None, bandwidth=None) -> Device:
-    """This machine's CPU: DRAM / L2 / L1 with capacities from sysfs and measured bandwidths,
-    or the bandwidths `bandwidth(level name, cores)` gives (bytes/s; no measuring: the
-    nominal device model of `cost_model.nominal_device`)."""
-    import psutil  # pylint: disable=import-outside-toplevel
-
+    """This machine's CPU: DRAM / L2 / L1 with capacities from sysfs and measured bandwidths
+    (both probed by `tvm_einweld.machine`), or the bandwidths `bandwidth(level name, cores)`
+    gives (bytes/s; no measuring: the nominal device model of `cost_model.nominal_device`)."""
     cores = num_cores or os.cpu_count() or 1
-    caches = _sysfs_caches()
+    caches = {level: (cache.per_core, cache.line) for level, cache in machine.cpu_caches().items()}
     l1, line = caches.get(1, (32 * 1024, 64))
     l2, _ = caches.get(2, (512 * 1024, line))
     last = max(caches.values())[0] if caches else l2
-    dram = psutil.virtual_memory().total
     probe = {"L1": 2 * l1, "L2": 2 * l2, "DRAM": 16 * max(last, l2)}
     key = f"{l1}-{l2}-{last}-{cores}"
     if bandwidth is None:
-        measured = _measured_cpu_bandwidths(probe, key)
+        measured = machine.level_copy_bandwidths(probe, key)
         bandwidth = lambda name, _cores: measured[name]  # noqa: E731
     levels = (
-        MemoryLevel("DRAM", dram, line, bandwidth("DRAM", cores)),
+        MemoryLevel("DRAM", machine.memory_bytes(), line, bandwidth("DRAM", cores)),
         MemoryLevel("L2", l2, line, bandwidth("L2", cores)),
         MemoryLevel("L1", l1, line, bandwidth("L1", cores)),
     )

@@ -2,7 +2,9 @@
 
 `time_kernel` builds one PrimFunc and reports its median run time; `check_group` runs a fused
 kernel and the group's original PrimFuncs (TVM's own unscheduled build) on the same random inputs
-and compares the outputs, so a fused kernel is only kept when it computes what the graph did.
+and compares the outputs, so a fused kernel is only kept when it computes what the graph did. The
+inputs and the comparison are verify's (`verify.inputs`, `verify.random_testing`), the ones every
+other check of the package uses, so "equal" means one thing everywhere.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import numpy as np
 import tvm
 from tvm import tirx
 
+from ..verify.inputs import random_array
+from ..verify.random_testing import compare_arrays
 from .tile_graph import SubGraph, TileGraph
 
 
@@ -28,22 +32,15 @@ def build(func: tirx.PrimFunc, target) -> tvm.runtime.Module:
     return tvm.compile(tvm.IRModule({"main": func}), target=target)
 
 
-def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
-    if np.issubdtype(np.dtype(dtype), np.floating):
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype == "bool":
-        return rng.integers(0, 2, shape).astype(dtype)
-    return rng.integers(0, 8, shape).astype(dtype)
-
-
 def _device(target) -> tvm.runtime.Device:
     kind = tvm.target.Target(target).kind.name
     return tvm.cpu() if kind == "llvm" else tvm.device(kind, 0)
 
 
 def group_arrays(graph: TileGraph, sub: SubGraph, seed: int = 0) -> list[np.ndarray]:
+    """One random array per input of `sub` (`verify.inputs.random_array`), the same per seed."""
     rng = np.random.default_rng(seed)
-    return [random_array(graph.tensors[t].shape, graph.tensors[t].dtype, rng) for t in sub.inputs]
+    return [random_array(rng, graph.tensors[t].shape, graph.tensors[t].dtype) for t in sub.inputs]
 
 
 def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
@@ -87,8 +84,8 @@ def module_rounds(mods, target, rounds: int = 5) -> list[list[float]]:
         ex = tvm.compile(mod, target=target, relax_pipeline=analytic_pipeline(target))
         fn = relax.VirtualMachine(ex, dev)["main"]
         rng = np.random.default_rng(0)
-        args = [tvm.runtime.tensor(random_array(tuple(int(v) for v in p.ty.shape.values),
-                                                str(p.ty.dtype), rng), dev)
+        args = [tvm.runtime.tensor(random_array(rng, tuple(int(v) for v in p.ty.shape.values),
+                                                str(p.ty.dtype)), dev)
                 for p in mod["main"].params]
         calls.append(lambda fn=fn, args=args: fn(*args))
     out = []
@@ -193,7 +190,9 @@ def run_reference(graph: TileGraph, sub: SubGraph, arrays, target="llvm") -> np.
 
 def check_group(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target="llvm",
                 rtol: float = 1e-4, atol: float = 1e-4, seed: int = 0) -> CheckResult:
-    """Run `func` and the original nodes on random inputs; compare outputs."""
+    """Run `func` and the original nodes on random inputs; compare outputs as every check of
+    the package does (`verify.random_testing.compare_arrays`: normwise, non-finite values at
+    the same places), floats within `rtol`/`atol`, integers exactly."""
     arrays = group_arrays(graph, sub, seed)
     try:
         expected = run_reference(graph, sub, arrays, target)
@@ -205,13 +204,10 @@ def check_group(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target="ll
         got = result.numpy()
     except Exception as err:  # pylint: disable=broad-except  # any failure means "do not use"
         return CheckResult(False, float("inf"), f"check could not run: {err}")
-    if got.dtype.kind == "f":
-        err = float(np.max(np.abs(got.astype("float64") - expected))) if got.size else 0.0
-        ok = bool(np.allclose(got, expected, rtol=rtol, atol=atol))
-    else:
-        err = float(np.max(np.abs(got.astype("int64") - expected))) if got.size else 0.0
-        ok = bool(np.array_equal(got, expected))
-    return CheckResult(ok, err, "ok" if ok else f"max abs error {err:g}")
+    exact = got.dtype.kind != "f"
+    result = compare_arrays([("output", got, expected)], str(got.dtype), "fused kernel vs graph",
+                            rtol=0.0 if exact else rtol, atol=0.0 if exact else atol)
+    return CheckResult(result.equal, result.max_abs_error, "ok" if result.equal else result.what)
 
 
 def generated_source(executable, kind: str = "cuda") -> str:

@@ -22,7 +22,7 @@ from .random_testing import TestResult, compare_expressions, compare_relax, repl
 from .screening import DEFAULT_MODULUS, ScreeningResult, screen_modular
 from .smt import (
     ProofResult, prove_bijection, prove_constant_region, prove_cover, prove_image_within,
-    prove_index_equal, prove_left_inverse, prove_partition, to_z3,
+    prove_index_equal, prove_left_inverse, prove_partition, run_side_condition, to_z3,
 )
 
 
@@ -60,7 +60,7 @@ def verify_rewrite(
     """
     screening = screen_modular(before, after, draws=draws, seed=seed)
     testing = compare_expressions(before, after, trials=trials, seed=seed)
-    proofs = tuple(_run_check(check) for check in side_conditions)
+    proofs = tuple(run_side_condition(check) for check in side_conditions)
     failures = []
     if not screening.equal:
         failures.append(f"exact screening: {screening.what}")
@@ -69,16 +69,6 @@ def verify_rewrite(
     failures += [f"side condition {p.status}: {p.what}" for p in proofs if not p.proven]
     reason = "; ".join(failures) if failures else "screening, testing and all side conditions pass"
     return Verdict(not failures, screening, testing, proofs, reason)
-
-
-def _run_check(check: Callable[[], ProofResult]) -> ProofResult:
-    # A malformed side condition (an unbound iterator, a missing component) rejects the
-    # rewrite with its message instead of aborting the caller's search.
-    try:
-        return check()
-    except (ValueError, KeyError, TypeError) as err:
-        return ProofResult("unknown", f"side condition could not be checked: "
-                                      f"{type(err).__name__}: {err}")
 
 
 __all__ = [

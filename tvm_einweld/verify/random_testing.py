@@ -13,7 +13,7 @@ relative error is meaningless for outputs near zero, which sums with cancellatio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import z3
 
@@ -54,6 +54,18 @@ class ProofResult:
     def __str__(self) -> str:
         cex = f" counterexample {self.counterexample}" if self.counterexample else ""
         return f"{self.status}: {self.what}{cex} ({self.seconds:.3f}s)"
+
+
+def run_side_condition(condition: Callable[[], ProofResult]) -> ProofResult:
+    """`condition()`, or "unknown" when it cannot even be posed (it raises ValueError,
+    KeyError or TypeError: an unbound iterator, a missing component). Unknown is not proven,
+    so a malformed condition refuses its rewrite with the message instead of aborting the
+    search or the verification that asked."""
+    try:
+        return condition()
+    except (ValueError, KeyError, TypeError) as err:
+        return ProofResult("unknown", f"side condition could not be checked: "
+                                      f"{type(err).__name__}: {err}")
 
 
 # --- translation -----------------------------------------------------------------------------
@@ -468,7 +480,7 @@ def _nonzero_point(expr: Expr, box: Sequence[Iterator]) -> Optional[Dict[str, in
 
 
 __all__ = [
-    "ProofResult", "to_z3", "prove_index_equal", "prove_left_inverse", "prove_bijection",
+    "ProofResult", "run_side_condition", "to_z3", "prove_index_equal", "prove_left_inverse", "prove_bijection",
     "prove_image_within", "prove_cover", "prove_partition", "prove_constant_region",
     "ZERO_PRESERVING",
 ]
