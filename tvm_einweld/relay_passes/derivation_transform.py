@@ -4,7 +4,7 @@ For every Relax function:
 
 1. split it into subprograms at activations (`subprograms.py`); operators without a canonical
    expression are left alone;
-2. for every operator of a subprogram, collect candidate programs:
+2. for every operator of a subprogram, collect candidate programs (`candidates.py`):
    * the original call (always a candidate, so nothing gets slower by the cost model's own
      estimate),
    * with `providers=True` only, numpy's BLAS for a matmul (`numpy_gemm.py`, a Python
@@ -15,10 +15,10 @@ For every Relax function:
      (`instantiate.py`; matched matmuls take the faster provider);
    then, across operators, inter-expression merging: two operators that differ in one input
    become one operator on the concatenated inputs (EinNet §4.2, Algorithm 1 line 11);
-3. cost every candidate (`op_cost.py`: predefined operators timed on the target, eOperators
-   from bytes moved and measured bandwidth, weight-only kernels free because `FoldConstant`
-   evaluates them at compile time) and keep the cheapest; a non-original choice must beat the
-   original by `min_speedup`;
+3. cost every candidate (`op_cost.program_kernels`: predefined operators timed on the
+   target, eOperators from bytes moved and measured bandwidth, weight-only kernels free
+   because `FoldConstant` evaluates them at compile time) and keep the cheapest; a
+   non-original choice must beat the original by `min_speedup`;
 4. verify the rewritten subprogram as a whole against the original one: `tvm.compile` both and
    compare on random inputs (`verify.random_testing.compare_relax`), and require every side
    condition proof of the derivations used to be proven. A subprogram that fails keeps its
