@@ -124,8 +124,10 @@ class DerivationTransform:
         self.last_results: Tuple[SubprogramResult, ...] = ()
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
 
-    # The pass entry point.
-    def transform_module(self, mod: tvm.IRModule, ctx=None) -> tvm.IRModule:
+    def transform_module(self, mod: tvm.IRModule, ctx: Optional[tvm.transform.PassContext] = None
+                         ) -> tvm.IRModule:
+        """The pass entry point: `analyse` with the rewrites applied, logged, and the result
+        checked whole against `mod` (`verify.module_check.checked`)."""
         from ..verify.module_check import checked
 
         new_mod, results = self.analyse(mod, apply=True)
@@ -190,6 +192,8 @@ class DerivationTransform:
         return replace(o, chosen=self.choose(untried))
 
     def _try_rewrite(self, sub: Subprogram, ops: Tuple[OpResult, ...]) -> SubprogramResult:
+        """`sub` with the chosen candidates of `ops`, verified and (with
+        `confirm_by_measurement`) timed against the original: applied, or rejected with why."""
         if all(o.chosen is o.original for o in ops):
             return SubprogramResult(sub, ops, False, True, "original kept (cheapest)")
         unproven = [str(p) for o in ops for p in o.chosen.proofs if not p.proven]
@@ -245,6 +249,8 @@ class DerivationTransform:
                              extra_inputs=[InputSet("own constants", own)])
 
     def optimise_op(self, op: OpNode) -> OpResult:
+        """The candidates of one operator (the original first; see the module docstring, step
+        2) with their costs, and the cheapest by `choose`."""
         notes: List[str] = []
         candidates = [self._program("original", op, original_emit(op))]
         if self.providers and op.kind == "relax.matmul" and \
@@ -325,6 +331,8 @@ class DerivationTransform:
         return self.target if self.providers and llvm else None
 
     def search(self, expr: Expr) -> SearchResult:
+        """The distance-guided search from `expr` with the pass's rules, targets and budget,
+        states ranked by their roofline estimate."""
         rules = self.rules if self.rules is not None else default_rules()
         targets = self.targets if self.targets is not None else default_targets()
         rank = functools.partial(roofline_seconds, peaks=self.peaks)
