@@ -220,9 +220,7 @@ def test_fastest_measured_rewrite_is_kept_not_the_estimates_favourite():
     """eOperator times are estimates: the pass verifies and times the few cheapest rewrites
     by estimate and keeps the fastest measured one (here the estimate's second choice),
     never one slower than the original."""
-    from tvm_einweld.relay_passes.derivation_transform import (
-        OpResult, Program, SubprogramResult,
-    )
+    from tvm_einweld.relay_passes.candidates import OpResult, Program, SubprogramResult
     from tvm_einweld.relay_passes.op_cost import Kernel
 
     def program(label, est):

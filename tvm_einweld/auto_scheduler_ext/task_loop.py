@@ -1,18 +1,20 @@
 """The adaptive-layout tuning loop for one task (AL-Ansor, Algorithm 1, on MetaSchedule).
 
-Each round:
-  1. ``select_strategy(round, total_rounds, cost_model, history)`` picks NL, LR or LC. It sees
+Each round is MetaSchedule's generate / measure / update cycle with a strategy chosen first,
+one small function per step:
+  1. `selector.select(round, total_rounds, cost_model, history)` picks NL, LR or LC. It sees
      nothing of this round's candidates, so asking it first is the same as the paper's line 5;
      it lets the search score candidates as programs of the chosen strategy.
-  2. MetaSchedule's evolutionary search samples candidates A with the shared XGBModel.
-  3. P and L+P are derived from every A (``strategies.derive_programs``).
-  4. The round's strategy program is built and run (NL: A, LR: L+P, LC: P), plus P in adaptive
-     mode, where P is what gets deployed.
-  5. The one XGBModel is trained on the strategy's measurements (its features carry the
-     strategy), and the search is told the results.
-  6. The deployable programs are committed to the database under the task's own workload; the
-     other measurements under a strategy-tagged workload. The best deployable record is what
-     ``MetaScheduleApplyDatabase`` later applies.
+  2. `_generate`: MetaSchedule's evolutionary search samples candidates A with the shared
+     XGBModel, and P and L+P are derived from every A (`strategies.derive_programs`).
+  3. `_measure`: the round's strategy program is built and run (NL: A, LR: L+P, LC: P), plus P
+     in adaptive mode, where P is what gets deployed.
+  4. `_update`: the one XGBModel is trained on the strategy's measurements (its features carry
+     the strategy), and the search is told the results.
+  5. `_record`: the deployable programs are committed to the database under the task's own
+     workload (a faster one than the best so far only if it computes what the task computes,
+     else under a rejected workload); the other measurements under a strategy-tagged workload.
+     The best deployable record is what `MetaScheduleApplyDatabase` later applies.
 
 Records are committed every round, so an interrupted run resumes from its database: finished
 trials are counted, the cost model is retrained on them and the search seeds from them.
@@ -23,7 +25,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import tvm
 import tvm_ffi
@@ -62,8 +64,8 @@ class TaskTuningResult:
 
 
 def default_builder(max_workers: Optional[int] = None) -> ms.builder.Builder:
-    """A local builder running ``build_fn.build_cpu_kernel`` in worker processes kept across
-    rounds (see ``measure.PooledBuilder``)."""
+    """A local builder running `build_fn.build_cpu_kernel` in worker processes kept across
+    rounds (see `measure.PooledBuilder`)."""
     return PooledBuilder(max_workers=max_workers)
 
 
@@ -85,9 +87,9 @@ def _space_generator(target: Target) -> ms.space_generator.PostOrderApply:
 
 
 def _tune_context(mod, target, space, search, task_name, seed, num_threads) -> ms.TuneContext:
-    """``ms.TuneContext(...)`` without its ``import tvm.s_tir.tensor_intrin``: that import
+    """`ms.TuneContext(...)` without its `import tvm.s_tir.tensor_intrin`: that import
     registers every target's tensor intrinsics (30-80 s here) and CPU float32 tuning never
-    tensorizes. Same constructor call and initialisation as ``TuneContext.__init__``."""
+    tensorizes. Same constructor call and initialisation as `TuneContext.__init__`."""
     if isinstance(num_threads, str):
         num_threads = ms.utils.cpu_count(logical=num_threads == "logical")
     log = logging.getLogger("tvm_einweld.auto_scheduler_ext.search")
@@ -160,6 +162,156 @@ def _new_best(deployable, best_secs, best_trace, checker: ProgramChecker, task_n
     return best_secs, best_trace, rejected
 
 
+@dataclass(frozen=True)
+class _Task:
+    """What stays fixed while one task is tuned: its tune context (space, search), where
+    programs are built, run and committed, the one cost model, and the program form that is
+    deployed (`deployed`: the fixed strategy's, or P for an adaptive selector)."""
+
+    name: str
+    ctx: ms.TuneContext
+    target: Target
+    database: ms.database.Database
+    builder: ms.builder.Builder
+    runner: ms.runner.Runner
+    model: ms.cost_model.XGBModel
+    extractor: StrategyFeatureExtractor
+    checker: ProgramChecker
+    deployed: Strategy
+    workload: ms.database.Workload  # the task's own: deployable records
+    tagged: Dict[Strategy, tvm.IRModule]  # per strategy: the other measurements
+    rejected: tvm.IRModule  # deployable programs that failed the check
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One round's candidates A, the programs derived from them, and the results of the
+    programs built: `results[kind][i]` is candidate i's program of strategy `kind`."""
+
+    strategy: Strategy
+    candidates: list
+    derived: list
+    results: Dict[Strategy, list]
+
+    @property
+    def kinds(self) -> Tuple[Strategy, ...]:
+        """The strategies built this round: the round's, then the deployed one if another."""
+        return tuple(self.results)
+
+    @property
+    def measurements(self) -> int:
+        """Programs built and run: one per candidate and kind."""
+        return len(self.kinds) * len(self.derived)
+
+    @property
+    def failures(self) -> int:
+        """Programs that failed to build or run."""
+        return sum(median_secs(r) is None for kind in self.kinds for r in self.results[kind])
+
+
+def _cost_model(extractor: StrategyFeatureExtractor, num_warmup_samples: int,
+                early_stopping_rounds: int, threads: int) -> ms.cost_model.XGBModel:
+    """The XGBModel shared by every strategy (its features carry the strategy)."""
+    return ms.cost_model.XGBModel(
+        extractor=extractor,
+        num_warmup_samples=num_warmup_samples,
+        early_stopping_rounds=early_stopping_rounds,
+        # One XGBoost thread: the data are a few thousand rows at most, and on a busy 2-core
+        # machine two threads made training ~15x slower (thread hand-offs under contention).
+        config=ms.cost_model.xgb_model.XGBConfig(nthread=threads),
+        num_tuning_cores=threads,
+    )
+
+
+def _generate(task: _Task, strategy: Strategy, limit: int) -> Optional[Tuple[list, list]]:
+    """MetaSchedule's generate step, then ours: the evolutionary search samples candidates A
+    (at most `limit`), scored by the cost model as programs of `strategy`, and P and L+P are
+    derived from every A (`strategies.derive_programs`). None when the space is exhausted."""
+    task.extractor.score_as = strategy
+    candidates = task.ctx.search_strategy.generate_measure_candidates()
+    if not candidates:
+        return None
+    candidates = list(candidates)[:limit]
+    return candidates, [derive_programs(c.sch) for c in candidates]
+
+
+def _measure(task: _Task, strategy: Strategy, candidates: list, derived: list) -> _Round:
+    """The measure step: the round's strategy program of every candidate is built and run
+    (NL: A, LR: L+P, LC: P), plus the deployed form when that is another one, in one batch
+    (one builder and one runner round trip per round)."""
+    kinds = [strategy] if strategy is task.deployed else [strategy, task.deployed]
+    programs = [d.for_strategy(kind) for kind in kinds for d in derived]
+    measured = build_and_run(programs, task.target, task.builder, task.runner)
+    results = {kind: measured[k * len(derived) : (k + 1) * len(derived)] for k, kind in enumerate(kinds)}
+    return _Round(strategy, candidates, derived, results)
+
+
+def _update(task: _Task, done: _Round) -> None:
+    """The update step: the cost model is trained on the strategy's measurements and the
+    search is told their results."""
+    train = [d.for_strategy(done.strategy) for d in done.derived]
+    task.model.update(task.ctx, [MeasureCandidate(s, args_info(s)) for s in train], done.results[done.strategy])
+    task.ctx.search_strategy.notify_runner_results(done.candidates, done.results[done.strategy])
+
+
+def _record(task: _Task, done: _Round, best_secs: Optional[float], best_trace: Optional[s_tir.Trace]):
+    """The database step: the best deployable program so far (checked, `_new_best`), and
+    every measurement committed: deployable programs under the task's workload (or the
+    rejected one), the others under their strategy's. Returns the best seconds and trace and
+    the round's best deployable seconds."""
+    deployed = task.deployed
+    deployable = [(median_secs(r), d.for_strategy(deployed)) for d, r in zip(done.derived, done.results[deployed])]
+    best_secs, best_trace, rejected = _new_best(deployable, best_secs, best_trace, task.checker, task.name)
+    database = task.database
+    for kind in done.kinds:
+        wl = task.workload if kind is deployed else database.commit_workload(task.tagged[kind])
+        for i, (d, res) in enumerate(zip(done.derived, done.results[kind])):
+            target_wl = database.commit_workload(task.rejected) if (kind is deployed and i in rejected) else wl
+            _commit(database, target_wl, d.for_strategy(kind), res, task.target)
+    round_best = min(
+        (s for i, (s, _) in enumerate(deployable) if s is not None and i not in rejected), default=None
+    )
+    return best_secs, best_trace, round_best
+
+
+def _prepare(
+    mod: tvm.IRModule,
+    target: Target,
+    database: ms.database.Database,
+    deployed: Strategy,
+    builder: ms.builder.Builder,
+    runner: ms.runner.Runner,
+    search: Optional[ms.search_strategy.EvolutionarySearch],
+    num_warmup_samples: int,
+    early_stopping_rounds: int,
+    cost_model_threads: int,
+    task_name: str,
+    seed: int,
+) -> _Task:
+    """The tune context, cost model and workloads of one task."""
+    extractor = StrategyFeatureExtractor()
+    model = _cost_model(extractor, num_warmup_samples, early_stopping_rounds, cost_model_threads)
+    num_threads = int(target.attrs.get("num-cores", 0)) or "physical"
+    ctx = _tune_context(
+        mod,
+        target,
+        _space_generator(target),
+        search.clone() if search is not None else ms.search_strategy.EvolutionarySearch(),
+        task_name,
+        seed,
+        num_threads,
+    )
+    workload = database.commit_workload(ctx.mod)
+    tagged = {s: tagged_workload(ctx.mod, s) for s in Strategy}
+    rejected = tagged_workload(ctx.mod, REJECTED)
+    checker = ProgramChecker(ctx.mod, target)
+    if "layout_free_buffers" not in ctx.mod["main"].attrs:
+        logger.warning("[%s] no layout_free_buffers attribute: nothing to rewrite, so NL, LR and "
+                       "LC programs coincide", task_name)
+    return _Task(task_name, ctx, target, database, builder, runner, model, extractor, checker,
+                 deployed, workload, tagged, rejected)
+
+
 def tune_task(
     mod: tvm.IRModule,
     target: Target,
@@ -178,12 +330,13 @@ def tune_task(
     seed: int = -1,
     on_round: Optional[RoundCallback] = None,
 ) -> TaskTuningResult:
-    """Tune one TIR task (an IRModule with a ``main`` PrimFunc) with layout-strategy selection.
+    """Tune one TIR task (an IRModule with a `main` PrimFunc) with layout-strategy selection.
 
-    ``selector`` is a ``FixedStrategy`` for a single-strategy run (the deployed program is that
+    `selector` is a `FixedStrategy` for a single-strategy run (the deployed program is that
     strategy's program) or an adaptive selector (the deployed program is always P). The XGBModel
-    starts training after ``num_warmup_samples`` measurements (default: one round), not
-    MetaSchedule's 100, which a short run would never reach.
+    starts training after `num_warmup_samples` measurements (default: one round), not
+    MetaSchedule's 100, which a short run would never reach. Each round is MetaSchedule's
+    cycle with the strategy chosen first: `_generate`, `_measure`, `_update`, then `_record`.
     """
     start = time.time()
     if isinstance(mod, tvm.tirx.PrimFunc):
@@ -191,39 +344,15 @@ def tune_task(
     if max_trials <= 0:
         raise ValueError("max_trials must be positive")
     target = Target(target) if not isinstance(target, Target) else target
-    fixed = isinstance(selector, FixedStrategy)
-    deployed = selector.strategy if fixed else Strategy.LC
-    builder = builder or default_builder()
-    runner = runner or ms.runner.LocalRunner()
-    extractor = StrategyFeatureExtractor()
-    model = ms.cost_model.XGBModel(
-        extractor=extractor,
-        num_warmup_samples=num_warmup_samples if num_warmup_samples is not None else num_trials_per_iter,
-        early_stopping_rounds=early_stopping_rounds,
-        # One XGBoost thread: the data are a few thousand rows at most, and on a busy 2-core
-        # machine two threads made training ~15x slower (thread hand-offs under contention).
-        config=ms.cost_model.xgb_model.XGBConfig(nthread=cost_model_threads),
-        num_tuning_cores=cost_model_threads,
+    deployed = selector.strategy if isinstance(selector, FixedStrategy) else Strategy.LC
+    task = _prepare(
+        mod, target, database, deployed, builder or default_builder(), runner or ms.runner.LocalRunner(),
+        search, num_warmup_samples if num_warmup_samples is not None else num_trials_per_iter,
+        early_stopping_rounds, cost_model_threads, task_name, seed,
     )
-    num_threads = int(target.attrs.get("num-cores", 0)) or "physical"
-    ctx = _tune_context(
-        mod,
-        target,
-        _space_generator(target),
-        search.clone() if search is not None else ms.search_strategy.EvolutionarySearch(),
-        task_name,
-        seed,
-        num_threads,
-    )
-    workload = database.commit_workload(ctx.mod)
-    tagged = {s: tagged_workload(ctx.mod, s) for s in Strategy}
-    rejected_mod = tagged_workload(ctx.mod, REJECTED)
-    checker = ProgramChecker(ctx.mod, target)
-    if "layout_free_buffers" not in ctx.mod["main"].attrs:
-        logger.warning("[%s] no layout_free_buffers attribute: nothing to rewrite, so NL, LR and "
-                       "LC programs coincide", task_name)
+    ctx = task.ctx
 
-    done, best_secs, best_trace = _resume(database, ctx, model, extractor, task_name)
+    done, best_secs, best_trace = _resume(database, ctx, task.model, task.extractor, task_name)
     total_rounds = math.ceil(max_trials / num_trials_per_iter)
     rounds: list[RoundOutcome] = []
     measurements = 0
@@ -235,41 +364,22 @@ def tune_task(
             num_trials_per_iter=num_trials_per_iter,
             design_spaces=ctx.generate_design_space(),
             database=database,
-            cost_model=model,
+            cost_model=task.model,
         )
     round_index = done // num_trials_per_iter
     while trials < max_trials:
-        strategy = selector.select(round_index, total_rounds, model, rounds)
-        extractor.score_as = strategy
-        candidates = ctx.search_strategy.generate_measure_candidates()
-        if not candidates:
+        strategy = selector.select(round_index, total_rounds, task.model, rounds)
+        generated = _generate(task, strategy, max_trials - trials)
+        if generated is None:
             logger.info("[%s] search space exhausted after %d trials", task_name, trials)
             break
-        candidates = list(candidates)[: max_trials - trials]
-        derived = [derive_programs(c.sch) for c in candidates]
-        kinds = [strategy] if strategy is deployed else [strategy, deployed]
-        # One batch for all kinds: one builder and one runner round trip per round.
-        programs = [d.for_strategy(kind) for kind in kinds for d in derived]
-        measured = build_and_run(programs, target, builder, runner)
-        measurements += len(programs)
-        results = {kind: measured[k * len(derived) : (k + 1) * len(derived)] for k, kind in enumerate(kinds)}
-        train = [d.for_strategy(strategy) for d in derived]
-        model.update(ctx, [MeasureCandidate(s, args_info(s)) for s in train], results[strategy])
-        ctx.search_strategy.notify_runner_results(candidates, results[strategy])
-
-        deployable = [(median_secs(r), d.for_strategy(deployed)) for d, r in zip(derived, results[deployed])]
-        best_secs, best_trace, rejected = _new_best(deployable, best_secs, best_trace, checker, task_name)
-        for kind in kinds:
-            wl = workload if kind is deployed else database.commit_workload(tagged[kind])
-            for i, (d, res) in enumerate(zip(derived, results[kind])):
-                target_wl = database.commit_workload(rejected_mod) if (kind is deployed and i in rejected) else wl
-                _commit(database, target_wl, d.for_strategy(kind), res, target)
-        round_best = min(
-            (s for i, (s, _) in enumerate(deployable) if s is not None and i not in rejected), default=None
-        )
-        failures = sum(median_secs(r) is None for kind in kinds for r in results[kind])
-        trials += len(candidates)
-        outcome = RoundOutcome(round_index, strategy, len(candidates), round_best, best_secs, failures)
+        this_round = _measure(task, strategy, *generated)
+        measurements += this_round.measurements
+        _update(task, this_round)
+        best_secs, best_trace, round_best = _record(task, this_round, best_secs, best_trace)
+        failures = this_round.failures
+        trials += len(this_round.candidates)
+        outcome = RoundOutcome(round_index, strategy, len(this_round.candidates), round_best, best_secs, failures)
         rounds.append(outcome)
         logger.info(
             "[%s] round %d/%d %s  trials %d/%d  round best %s  best %s%s",

@@ -4,7 +4,7 @@ For every Relax function:
 
 1. split it into subprograms at activations (`subprograms.py`); operators without a canonical
    expression are left alone;
-2. for every operator of a subprogram, collect candidate programs:
+2. for every operator of a subprogram, collect candidate programs (`candidates.py`):
    * the original call (always a candidate, so nothing gets slower by the cost model's own
      estimate),
    * with `providers=True` only, numpy's BLAS for a matmul (`numpy_gemm.py`, a Python
@@ -15,10 +15,10 @@ For every Relax function:
      (`instantiate.py`; matched matmuls take the faster provider);
    then, across operators, inter-expression merging: two operators that differ in one input
    become one operator on the concatenated inputs (EinNet §4.2, Algorithm 1 line 11);
-3. cost every candidate (`op_cost.py`: predefined operators timed on the target, eOperators
-   from bytes moved and measured bandwidth, weight-only kernels free because `FoldConstant`
-   evaluates them at compile time) and keep the cheapest; a non-original choice must beat the
-   original by `min_speedup`;
+3. cost every candidate (`op_cost.program_kernels`: predefined operators timed on the
+   target, eOperators from bytes moved and measured bandwidth, weight-only kernels free
+   because `FoldConstant` evaluates them at compile time) and keep the cheapest; a
+   non-original choice must beat the original by `min_speedup`;
 4. verify the rewritten subprogram as a whole against the original one: `tvm.compile` both and
    compare on random inputs (`verify.random_testing.compare_relax`), and require every side
    condition proof of the derivations used to be proven. A subprogram that fails keeps its
@@ -41,9 +41,8 @@ evidence, estimated and measured times; so does every `RewriteLog` instrument of
 from __future__ import annotations
 
 import functools
-import re
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -51,290 +50,30 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
+from tvm.target import Target
 
-from ..cost_model import Peaks, peaks_for
+from ..cost_model import peaks_for
 from ..expr.expression import Expr
 from ..expr.fingerprint import structurally_equal
 from ..verify.random_testing import compare_relax
-from ..verify.smt import ProofResult
 from . import numpy_gemm
-from .op_cost import (
-    EOP_MAX_INTENSITY, Kernel, eop_seconds_from_bytes, estimate_call, iteration_points,
-    program_seconds, roofline_seconds, static_shape, tensor_nbytes, time_call,
+from .candidates import (
+    Emit, OpResult, Program, Providers, SubprogramResult, derived_emit, gemm_emit, merged_emits,
+    original_emit, subprogram_inputs, subprogram_module, unchanged_result,
 )
+from .op_cost import program_kernels, roofline_seconds, static_shape
+from .derivation import Rule
+from .registry import default_rules
 from .rewrite_log import active_logs, write_records
-from .search import Budget, SearchResult, SearchStats, State, default_rules, \
-    default_targets, distance_guided_search
-from .subprograms import OpNode, Subprogram, rebuild_function, split_module, without_new_symbols
+from .search import (
+    Budget, Distance, SearchResult, State, default_targets, distance_guided_search,
+)
+from .subprograms import OpNode, Subprogram, rebuild_function, split_module
 
 # A measured rewrite is kept only when it is this much faster than the original: alternating,
 # best-of-five timings of one subprogram on a shared machine differ by a few percent.
 MIN_MEASURED_GAIN = 1.05
 
-Values = Mapping[str, relax.Expr]
-Emit = Callable[[relax.BlockBuilder, Values], relax.Expr]
-
-
-@dataclass(frozen=True)
-class Program:
-    """One candidate replacement of an operator and its cost."""
-
-    label: str  # "original", "numpy_gemm", "derived", "merged"
-    kernels: Tuple[Kernel, ...]
-    emit: Emit = field(compare=False, repr=False)
-    rules: Tuple[str, ...] = ()
-    steps: Tuple[str, ...] = ()  # the derivations, described
-    proofs: Tuple[ProofResult, ...] = field(default=(), compare=False, repr=False)
-
-    @property
-    def seconds(self) -> float:
-        return program_seconds(self.kernels)
-
-    @property
-    def ops(self) -> Tuple[str, ...]:
-        return tuple(k.name for k in self.kernels)
-
-
-@dataclass(frozen=True)
-class OpResult:
-    """An operator's candidates (the original first), the chosen one, the search statistics."""
-
-    op: OpNode
-    candidates: Tuple[Program, ...]
-    chosen: Program
-    stats: Optional[SearchStats]
-    notes: Tuple[str, ...] = ()
-    # (depth, roofline estimate in seconds, rules) of the search's best state per depth
-    best_per_depth: Tuple[Tuple[int, float, Tuple[str, ...]], ...] = ()
-    tried: Tuple[Program, ...] = ()  # rewrites already verified and timed
-
-    @property
-    def original(self) -> Program:
-        return self.candidates[0]
-
-
-@dataclass(frozen=True)
-class SubprogramResult:
-    """What the pass found and did for one subprogram."""
-
-    subprogram: Subprogram
-    ops: Tuple[OpResult, ...]
-    applied: bool
-    verified: bool
-    verification: str
-    measured_before_s: Optional[float] = None
-    measured_after_s: Optional[float] = None
-
-    @property
-    def orig_time_s(self) -> float:
-        return sum(o.original.seconds for o in self.ops)
-
-    @property
-    def est_time_s(self) -> float:
-        return sum(o.chosen.seconds for o in self.ops)
-
-    def to_json(self, detail: bool = False) -> dict:
-        """The `derive --json` record (EinNet issue schema); `detail` adds the evidence."""
-        stats = [o.stats for o in self.ops if o.stats is not None]
-        out = {
-            "ops": list(self.subprogram.kinds),
-            "chosen": {
-                "ops": [name for o in self.ops for name in o.chosen.ops],
-                "rules": [r for o in self.ops for r in o.chosen.rules],
-                "verified": self.verified,
-                "orig_time_s": self.orig_time_s,
-                "est_time_s": self.est_time_s,
-            },
-            "candidates": sum(len(o.candidates) for o in self.ops),
-            "stats": {
-                "states": sum(s.states for s in stats),
-                "pruned": sum(s.pruned for s in stats),
-                "seconds": sum(s.seconds for s in stats),
-            },
-        }
-        if detail:
-            out["function"] = self.subprogram.function
-            out["index"] = self.subprogram.index
-            out["applied"] = self.applied
-            out["verification"] = self.verification
-            out["proofs"] = [str(p) for o in self.ops for p in o.chosen.proofs]
-            out["derivations"] = [d for o in self.ops for d in o.chosen.steps]
-            out["measured_before_s"] = self.measured_before_s
-            out["measured_after_s"] = self.measured_after_s
-            out["notes"] = [n for o in self.ops for n in o.notes]
-        return out
-
-
-# --- candidate programs -------------------------------------------------------------------------
-
-def _original_emit(op: OpNode) -> Emit:
-    def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
-        args, names = [], iter(op.names)
-        for arg in op.call.args:
-            if isinstance(getattr(arg, "ty", None), relax.TensorType):
-                args.append(values[next(names)])
-            else:
-                args.append(arg)
-        return relax.Call(op.call.op, args, op.call.attrs, list(op.call.ty_args))
-
-    return emit
-
-
-def _merged_emits(merged, providers: Optional[str]) -> Tuple[Emit, Emit]:
-    """Emitters of a merged pair: the first emits the merged operator and its window, the
-    second (emitted later into the same builder) reuses it for its own window."""
-    from .instantiate import Instantiator
-
-    shared: Dict[str, object] = {"bb": None, "inst": None}
-
-    def instantiator(bb: relax.BlockBuilder, values: Values):
-        if shared["bb"] is not bb:
-            shared["bb"] = bb
-            shared["inst"] = Instantiator(_builder(bb, providers), dict(values))
-        return shared["inst"]
-
-    def first(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
-        return instantiator(bb, values).output(merged.results[0])
-
-    def second(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
-        return instantiator(bb, values).output(merged.results[1])
-
-    return first, second
-
-
-def _gemm_emit(op: OpNode) -> Emit:
-    a, b = op.names
-
-    def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
-        return numpy_gemm.matmul_call(values[a], values[b])
-
-    return emit
-
-
-def _builder(bb: relax.BlockBuilder, providers: Optional[str]):
-    """`bb`, or (with a target in `providers`) a builder that emits matched matmuls with the
-    provider that measures faster there."""
-    return bb if providers is None else numpy_gemm.ProviderBuilder(bb, providers)
-
-
-def _derived_emit(expr: Expr, providers: Optional[str]) -> Emit:
-    def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
-        from .instantiate import Instantiator
-
-        return Instantiator(_builder(bb, providers), dict(values)).output(expr)
-
-    return emit
-
-
-def subprogram_inputs(ops: Sequence[OpNode], constants_as_params: bool = False
-                      ) -> List[relax.Expr]:
-    """The values `subprogram_module` turns into parameters, in parameter order: the variables
-    the operators read but do not define, and (with `constants_as_params`) their constants."""
-    defined = {op.var for op in ops}
-    inputs: List[relax.Expr] = []
-    for op in ops:
-        for arg in op.args:
-            is_input = isinstance(arg, relax.Var) and arg not in defined or \
-                (constants_as_params and isinstance(arg, Constant))
-            if is_input and all(arg is not seen for seen in inputs):
-                inputs.append(arg)
-    return inputs
-
-
-def subprogram_module(ops: Sequence[OpNode], emits: Optional[Sequence[Emit]] = None,
-                      constants_as_params: bool = False) -> tvm.IRModule:
-    """A module whose `main` computes `ops` (a subprogram, or one operator) and returns every
-    result; the variables they read become parameters, constants stay constants (or become
-    parameters too with `constants_as_params`, so that a check can draw them at random as
-    well as pass their own values). `emits[k]` replaces operator k's call."""
-    bb = relax.BlockBuilder()
-    values: Dict[relax.Expr, relax.Expr] = {}
-    params: List[relax.Var] = []
-    defined = {op.var for op in ops}
-    for arg in subprogram_inputs(ops, constants_as_params):
-        name = arg.name if isinstance(arg, relax.Var) else f"const{len(params)}"
-        values[arg] = relax.Var(name, arg.ty)
-        params.append(values[arg])
-    # Emitters see every tensor name of the subprogram that is available (a merged pair reads
-    # its partner's inputs); results become available as their operators are emitted.
-    named = {n: values.get(a, a) for op in ops for n, a in zip(op.names, op.args)
-             if a not in defined}
-    result_names = {a: n for op in ops for n, a in zip(op.names, op.args) if a in defined}
-    with bb.function("main", params):
-        with bb.dataflow():
-            outs = []
-            for k, op in enumerate(ops):
-                emit = emits[k] if emits is not None else _original_emit(op)
-                var = bb.emit(emit(bb, named))
-                values[op.var] = var
-                if op.var in result_names:
-                    named[result_names[op.var]] = var
-                outs.append(var)
-            out = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
-        bb.emit_func_output(out)
-    return without_new_symbols(bb.get())
-
-
-_EOP_SUFFIX = re.compile(r"[_\d]+$")
-
-
-def program_kernels(mod: tvm.IRModule, target: str, peaks: Optional[Peaks] = None
-                    ) -> Tuple[Kernel, ...]:
-    """The kernels of `mod["main"]` with their times: operators and providers timed (with
-    `peaks`, the nominal figures of `measure=False`: estimated by the roofline instead),
-    eOperators (`call_tir`) estimated from bytes moved, and kernels whose inputs are all
-    constants free (FoldConstant evaluates them at compile time)."""
-    kernels: List[Kernel] = []
-    constant: set = set()
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            call = binding.value
-            if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
-                continue
-            tensors = _tensor_inputs(call)
-            folded = all(isinstance(t, Constant) or t in constant for t in tensors)
-            if folded:
-                constant.add(binding.var)
-            name = call.op.name
-            if name == "relax.call_tir":
-                label = "eop:" + _EOP_SUFFIX.sub("", call.args[0].name_hint)
-                moved = sum(tensor_nbytes(t.ty) for t in tensors) + tensor_nbytes(binding.var.ty)
-                intensity = iteration_points(mod[call.args[0]]) * _itemsize(binding.var.ty) / moved
-                if intensity >= EOP_MAX_INTENSITY and not folded:
-                    # The bandwidth estimate only holds for memory-bound kernels; EinNet maps
-                    # compute-bound expressions to predefined operators or not at all.
-                    raise NotImplementedError(
-                        f"{label} is compute-bound ({intensity:.1f} FLOPs/element); no "
-                        f"predefined operator matched it")
-                kernels.append(Kernel(label, 0.0 if folded else eop_seconds_from_bytes(moved, peaks),
-                                      False))
-                continue
-            if name == "relax.call_dps_packed":
-                name = str(call.args[0].global_symbol)
-            if folded:
-                kernels.append(Kernel(name, 0.0, False))
-            elif peaks is not None:
-                kernels.append(Kernel(name, estimate_call(call, peaks), False))
-            else:
-                kernels.append(Kernel(name, time_call(call, target), True))
-    return tuple(kernels)
-
-
-def _tensor_inputs(call: relax.Call) -> List[relax.Expr]:
-    out = []
-    for arg in call.args:
-        if isinstance(arg, relax.Tuple):
-            out += [f for f in arg.fields if isinstance(getattr(f, "ty", None), relax.TensorType)]
-        elif isinstance(getattr(arg, "ty", None), relax.TensorType):
-            out.append(arg)
-    return out
-
-
-def _itemsize(ty) -> int:
-    return np.dtype(str(ty.dtype)).itemsize
-
-
-# --- the pass -----------------------------------------------------------------------------------
 
 @tvm.transform.module_pass(opt_level=0, name="DerivationTransform")
 class DerivationTransform:
@@ -342,15 +81,16 @@ class DerivationTransform:
     found by derivation search (EinNet); see the module docstring for what and why.
 
     Parameters: `max_depth`, `max_states`, `time_limit_s` (per operator) and `seed` bound the
-    search; `rules` / `targets` override the rule set and the converging targets;
-    `target` is where candidates are timed; `min_speedup` is the estimated gain a rewrite
+    search; `rules` / `targets` override the rule set (`registry.default_rules`) and the
+    converging targets; `target` (a `tvm.target.Target`, or the string or dict one is made
+    from) is where candidates are timed and verified; `min_speedup` is the estimated gain a rewrite
     needs (0 applies the cheapest alternative whatever it costs, for testing);
     `max_instantiations` caps derived candidates per operator; `providers` enables the
     numpy GEMM provider (a Python callback; off by default); `log` is a JSON-lines path or
     a list receiving one record per subprogram; `confirm_by_measurement` times a verified
     rewrite against the original subprogram and drops it unless it is `MIN_MEASURED_GAIN`
-    faster (the eOperator estimate is a lower bound for
-    kernels that run below memory bandwidth); the `measured_attempts` cheapest rewrites by
+    faster (the eOperator estimate is a lower bound for kernels that run below memory
+    bandwidth); the `measured_attempts` cheapest rewrites by
     estimate are each verified and timed, and the fastest is kept. `measure=False` times
     nothing: operators are costed by the roofline at the target's nominal peaks
     (`cost_model`), no rewrite is confirmed by timing, and the search is bounded by states
@@ -359,7 +99,9 @@ class DerivationTransform:
     """
 
     def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 2.0,
-                 seed: int = 0, rules=None, targets=None, target: str = "llvm",
+                 seed: int = 0, rules: Optional[Sequence[Rule]] = None,
+                 targets: Optional[Mapping[str, Distance]] = None,
+                 target: Union[str, dict, Target] = "llvm",
                  min_speedup: float = 1.1, max_instantiations: int = 8,
                  providers: bool = False, verify_trials: int = 2,
                  log: Union[None, str, Path, list] = None,
@@ -368,10 +110,10 @@ class DerivationTransform:
         self.budget = Budget(max_depth=max_depth, max_states=max_states,
                              time_limit_s=time_limit_s if measure else float("inf"), seed=seed)
         self.measure = measure
-        self.peaks = peaks_for(target, measure)
+        self.target = target if isinstance(target, Target) else Target(target)
+        self.peaks = peaks_for(self.target, measure)
         self.rules = rules
         self.targets = targets
-        self.target = target
         self.min_speedup = min_speedup
         self.max_instantiations = max_instantiations
         self.providers = providers
@@ -382,8 +124,10 @@ class DerivationTransform:
         self.last_results: Tuple[SubprogramResult, ...] = ()
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
 
-    # The pass entry point.
-    def transform_module(self, mod: tvm.IRModule, ctx=None) -> tvm.IRModule:
+    def transform_module(self, mod: tvm.IRModule, ctx: Optional[tvm.transform.PassContext] = None
+                         ) -> tvm.IRModule:
+        """The pass entry point: `analyse` with the rewrites applied, logged, and the result
+        checked whole against `mod` (`verify.module_check.checked`)."""
         from ..verify.module_check import checked
 
         new_mod, results = self.analyse(mod, apply=True)
@@ -399,9 +143,9 @@ class DerivationTransform:
         unchanged when nothing was applied or `apply` is False) and the per-subprogram results."""
         results: List[SubprogramResult] = []
         out = mod
-        device = tvm.device(tvm.target.Target(self.target).get_target_device_type(), 0)
+        device = tvm.device(self.target.get_target_device_type(), 0)
         if not device.exist:
-            warnings.warn(f"DerivationTransform: no {self.target} device on this machine to time "
+            warnings.warn(f"DerivationTransform: no {self.target.kind.name} device on this machine to time "
                           f"and verify candidates on; the module is left unchanged")
             return mod, ()
         for fname, split in split_module(mod).items():
@@ -410,7 +154,7 @@ class DerivationTransform:
                 try:
                     res = self.optimise_subprogram(sub)
                 except Exception as err:  # an optimisation must never break the user's build
-                    res = _unchanged(sub, f"not optimised: {type(err).__name__}: {err}")
+                    res = unchanged_result(sub, f"not optimised: {type(err).__name__}: {err}")
                 results.append(res)
                 if res.applied:
                     for o in res.ops:
@@ -448,6 +192,8 @@ class DerivationTransform:
         return replace(o, chosen=self.choose(untried))
 
     def _try_rewrite(self, sub: Subprogram, ops: Tuple[OpResult, ...]) -> SubprogramResult:
+        """`sub` with the chosen candidates of `ops`, verified and (with
+        `confirm_by_measurement`) timed against the original: applied, or rejected with why."""
         if all(o.chosen is o.original for o in ops):
             return SubprogramResult(sub, ops, False, True, "original kept (cheapest)")
         unproven = [str(p) for o in ops for p in o.chosen.proofs if not p.proven]
@@ -503,12 +249,14 @@ class DerivationTransform:
                              extra_inputs=[InputSet("own constants", own)])
 
     def optimise_op(self, op: OpNode) -> OpResult:
+        """The candidates of one operator (the original first; see the module docstring, step
+        2) with their costs, and the cheapest by `choose`."""
         notes: List[str] = []
-        candidates = [self._program("original", op, _original_emit(op))]
+        candidates = [self._program("original", op, original_emit(op))]
         if self.providers and op.kind == "relax.matmul" and \
-                tvm.target.Target(self.target).kind.name == "llvm" and \
+                self.target.kind.name == "llvm" and \
                 numpy_gemm.supports(*op.args):
-            candidates.append(self._program("numpy_gemm", op, _gemm_emit(op)))
+            candidates.append(self._program("numpy_gemm", op, gemm_emit(op)))
         stats, best = None, ()
         if not op.expr.sums:
             # No summation: an element-wise or layout operator is memory-bound as it stands;
@@ -555,7 +303,7 @@ class DerivationTransform:
             except (RuleNotApplicable, ValueError):
                 continue  # not two computations differing in one input
             try:
-                emit_a, emit_b = _merged_emits(merged, self._providers)
+                emit_a, emit_b = merged_emits(merged, self._providers)
                 mod = subprogram_module((a.op, b.op), [emit_a, emit_b])
                 kernels = program_kernels(mod, self.target, self.peaks)
             except Exception as err:  # not instantiable (yet): not a candidate
@@ -577,12 +325,14 @@ class DerivationTransform:
         return tuple(ops)
 
     @property
-    def _providers(self) -> Optional[str]:
+    def _providers(self) -> Providers:
         """The target on which instantiated matmuls pick the faster provider, or None."""
-        llvm = tvm.target.Target(self.target).kind.name == "llvm"
+        llvm = self.target.kind.name == "llvm"
         return self.target if self.providers and llvm else None
 
     def search(self, expr: Expr) -> SearchResult:
+        """The distance-guided search from `expr` with the pass's rules, targets and budget,
+        states ranked by their roofline estimate."""
         rules = self.rules if self.rules is not None else default_rules()
         targets = self.targets if self.targets is not None else default_targets()
         rank = functools.partial(roofline_seconds, peaks=self.peaks)
@@ -611,7 +361,7 @@ class DerivationTransform:
             tried.append(state.expr)
             try:
                 out.append(self._program("derived", op,
-                                         _derived_emit(state.expr, self._providers), state))
+                                         derived_emit(state.expr, self._providers), state))
             except Exception as err:  # not instantiable (yet): not a candidate
                 notes.append(f"state {' > '.join(state.rules)} not instantiated: "
                              f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
@@ -623,15 +373,6 @@ class DerivationTransform:
         write_records([r.to_json(detail=True) for r in results], self.log)
 
 
-def _unchanged(sub: Subprogram, why: str) -> SubprogramResult:
-    """The result of a subprogram the pass could not work on: its operators kept, untimed."""
-    ops = []
-    for op in sub.ops:
-        original = Program("original", (Kernel(op.kind, 0.0, False),), _original_emit(op))
-        ops.append(OpResult(op, (original,), original, None, (why,)))
-    return SubprogramResult(sub, tuple(ops), False, False, why)
-
-
 def _bound(emit: Emit, sub: Subprogram) -> Callable[[relax.BlockBuilder], relax.Expr]:
     """An emitter for `rebuild_function`: `emit` applied to the subprogram's own values (the
     original variables stay bound, so they are valid where the replacement is emitted)."""
@@ -639,5 +380,4 @@ def _bound(emit: Emit, sub: Subprogram) -> Callable[[relax.BlockBuilder], relax.
     return lambda bb: emit(bb, values)
 
 
-__all__ = ["DerivationTransform", "Program", "OpResult", "SubprogramResult", "subprogram_module",
-           "program_kernels"]
+__all__ = ["DerivationTransform", "MIN_MEASURED_GAIN"]

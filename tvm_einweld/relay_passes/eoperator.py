@@ -1,5 +1,9 @@
 """eOperators (EinNet §5.2): memory-bound expressions compiled as TE kernels.
 
+Which expressions are memory-bound is decided by instantiation against `op_cost`'s one
+threshold (`op_cost.kernel_intensity` below `op_cost.EOP_MAX_INTENSITY`); this module only
+compiles them.
+
 An expression that is not matched to a predefined operator becomes a `te.compute` through
 `tvm_einweld.expr.lowering.to_te`, scheduled with a simple default CPU schedule and added to the
 Relax module as a `call_tir`. The schedule is meant to run near memory bandwidth without
@@ -10,29 +14,15 @@ OffsetReduce sums a handful of terms) moved between the two so the vector lanes 
 """
 from __future__ import annotations
 
-import math
-
 from typing import Mapping, Optional, Sequence
 
 from tvm import relax, te, tirx
 
-from ..expr.expression import Expr, Tensor, accesses, input_tensors
+from ..expr.expression import Expr, input_tensors
 from ..expr.lowering import make_placeholders, to_te
 
 VECTOR_WIDTHS = (16, 8, 4)
 MAX_WHOLE_VECTOR = 64
-FLOPS_PER_ELEMENT_THRESHOLD = 4.0
-
-
-def arithmetic_intensity(expr: Expr) -> float:
-    """FLOPs per element moved, EinNet's measure: the sources this level reads directly
-    (tensors, and scopes as the tensors they materialise) read once, the output written once."""
-    points = math.prod(it.extent for it in expr.iterators)
-    flops = 2 * points if expr.sums else points
-    sources = {(a.source.name if isinstance(a.source, Tensor) else id(a.source)): a.source.shape
-               for a in accesses(expr.body)}
-    elements = math.prod(expr.shape) + sum(math.prod(shape) for shape in sources.values())
-    return flops / max(1, elements)
 
 
 def _extent(loop_rv, sch) -> int:

@@ -1,10 +1,11 @@
 """Instantiation of derived expressions as Relax functions (EinNet §5).
 
 Scopes are instantiated innermost first, each becoming one Relax value that the enclosing
-expression then reads as a tensor. A compute-bound expression (arithmetic intensity ≥ 4) that
-`mapping_table.match` maps to an operator becomes Relax ops — `matmul`, `nn.conv2d`, with
-`permute_dims` / `reshape` / `strided_slice` / `concat` as glue — or, for G2BMM (no Relax op), a named TE kernel; operand
-layouts that are not a plain transpose are produced by DLT eOperators. Everything else becomes
+expression then reads as a tensor. A compute-bound expression (`op_cost.kernel_intensity` at
+least `op_cost.EOP_MAX_INTENSITY`) that `mapping_table.match` maps to an operator becomes
+Relax ops — `matmul`, `nn.conv2d`, with `permute_dims` / `reshape` / `strided_slice` /
+`concat` as glue — or, for G2BMM (no Relax op), a named TE kernel; operand layouts that are
+not a plain transpose are produced by DLT eOperators. Everything else becomes
 an eOperator (`eoperator.py`) with a readable name: OffsetReduce (a sum over shifted reads),
 DLT (a pure data-layout transformation), Relu / Tanh / ... (one unary function), Elementwise,
 Kernel. Memory-bound scopes read by a memory-bound expression are fused into its eOperator
@@ -30,9 +31,10 @@ from ..expr.expression import (
     map_accesses,
 )
 from .derivation import fresh_name, widen_padding
-from .eoperator import FLOPS_PER_ELEMENT_THRESHOLD, arithmetic_intensity, emit_eoperator
+from .eoperator import emit_eoperator
 from ..expr.index_simplify import simplify_index
 from .mapping_table import MATCHERS, OperatorMatch
+from .op_cost import EOP_MAX_INTENSITY, kernel_intensity
 
 
 class InstantiationError(NotImplementedError):
@@ -109,7 +111,7 @@ class Instantiator:
 
     def __init__(self, bb: relax.BlockBuilder, values: Dict[str, relax.Expr],
                  match_ops: Sequence[str] = ("conv2d", "g2bmm", "matmul"),
-                 threshold: float = FLOPS_PER_ELEMENT_THRESHOLD) -> None:
+                 threshold: float = EOP_MAX_INTENSITY) -> None:
         self.bb = bb
         self.values = dict(values)
         self.match_ops = tuple(match_ops)
@@ -135,7 +137,7 @@ class Instantiator:
             placed = plain(expr)
             if placed is not None:
                 return placed
-        if arithmetic_intensity(expr) >= self.threshold:
+        if kernel_intensity(expr) >= self.threshold:
             for op in self.match_ops:
                 matches = sorted(MATCHERS[op](expr), key=lambda m: _layout_rank(m, inner_hint))
                 for m in matches:
@@ -152,10 +154,10 @@ class Instantiator:
         with a stage per scope, the paper's fusion of chains of memory-bound operators such
         as OffsetReduce + Relu."""
         inner = expr.traversals[-1].name if expr.traversals else None
-        fuse = arithmetic_intensity(expr) < self.threshold
+        fuse = kernel_intensity(expr) < self.threshold
         for scope in _scopes_of(expr):
             if scope not in self.placed and fuse \
-                    and arithmetic_intensity(scope.expr) < self.threshold:
+                    and kernel_intensity(scope.expr) < self.threshold:
                 kept = Scope(self._replace_scopes(scope.expr), scope.pad)
                 body = map_accesses(expr.body, lambda a, s=scope, k=kept: Access(k, a.indices)
                                     if a.source == s else a)

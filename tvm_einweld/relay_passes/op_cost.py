@@ -10,10 +10,38 @@
   makes expressions of arithmetic intensity below 4 into eOperators, `EOP_MAX_INTENSITY`), so
   traffic is what their time is made of. Unlike the published EinNet, which counts them as
   free, they are charged here.
-* A program's cost is the sum of its kernels' times, eOperators included.
+* A program's cost is the sum of its kernels' times, eOperators included
+  (`program_kernels` lists the kernels of a candidate's module with their times).
+
+Memory-bound, defined once: arithmetic intensity is FLOPs per element moved (EinNet §5's
+strength analysis), and a computation is memory-bound when it is below `EOP_MAX_INTENSITY`
+(4). Below it, time is traffic: that is why an eOperator may be costed from bytes moved, and
+why only compute-bound expressions are worth matching to a predefined operator. The intensity
+is taken of what is in hand at each point, against the one threshold:
+
+* `arithmetic_intensity` / `is_memory_bound`, of an expression level (`levels`), for the
+  roofline and the search's distance: every body operation at every point of the iteration
+  space (plus the addition of a summation) over every element read and written, nested scopes
+  written and read back once;
+* `kernel_intensity`, of an expression about to be instantiated as one kernel
+  (`instantiate.Instantiator`): a multiply-add (2 FLOPs) per point of a summation, one
+  operation per point otherwise, over the output and the sources read directly (a scope
+  counted as the tensor it materialises);
+* `call_tir_intensity` / `is_memory_bound_call`, of an instantiated eOperator (a PrimFunc
+  called by `call_tir`): one operation per point of its blocks' iteration domains over the
+  call's tensors, read and written once; an eOperator that is not memory-bound by it has no
+  bandwidth estimate (`program_kernels` refuses it: EinNet maps compute-bound expressions to
+  predefined operators or not at all).
+
+The three agree on what is clearly memory-bound (layout changes, element-wise chains,
+OffsetReduce) and clearly compute-bound (matmuls, convolutions of real size); they differ in
+how they count the operations of a body, so they are kept apart rather than made one number:
+replacing one by another would move expressions near the threshold across it.
 """
 from __future__ import annotations
 
+import math
+import re
 from functools import lru_cache
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -25,10 +53,10 @@ from ..cost_model import Peaks, measured_peaks
 from ..machine import best_seconds
 from ..expr import index as ix
 from ..expr.expression import (
-    Access, Expr, Scope, Tensor, input_tensors, map_accesses, scopes,
+    Access, Expr, Scope, Tensor, accesses, input_tensors, map_accesses, scopes,
 )
 
-EOP_MAX_INTENSITY = 4.0  # FLOPs per element moved; EinNet §5's threshold
+EOP_MAX_INTENSITY = 4.0  # FLOPs per element moved; EinNet §5's threshold (module docstring)
 
 
 @dataclass(frozen=True)
@@ -92,13 +120,27 @@ def _count_ops(s) -> int:
 
 @lru_cache(maxsize=65536)
 def arithmetic_intensity(expr: Expr) -> float:
-    """FLOPs per element moved (EinNet §5's strength analysis)."""
+    """FLOPs (`flops`) per element moved (`bytes_moved`, in elements of `expr`'s dtype): the
+    roofline's intensity of an expression level (see the module docstring)."""
     itemsize = np.dtype(expr.dtype).itemsize
     return flops(expr) / max(1, bytes_moved(expr) // itemsize)
 
 
 def is_memory_bound(expr: Expr) -> bool:
+    """`arithmetic_intensity(expr)` below `EOP_MAX_INTENSITY`."""
     return arithmetic_intensity(expr) < EOP_MAX_INTENSITY
+
+
+def kernel_intensity(expr: Expr) -> float:
+    """FLOPs per element moved of `expr` instantiated as one kernel, what instantiation decides
+    on (see the module docstring): the sources this level reads directly (tensors, and scopes
+    as the tensors they materialise) read once, the output written once."""
+    points = math.prod(it.extent for it in expr.iterators)
+    ops = 2 * points if expr.sums else points
+    sources = {(a.source.name if isinstance(a.source, Tensor) else id(a.source)): a.source.shape
+               for a in accesses(expr.body)}
+    elements = math.prod(expr.shape) + sum(math.prod(shape) for shape in sources.values())
+    return ops / max(1, elements)
 
 
 def eop_seconds(expr: Expr, peaks: Optional[Peaks] = None) -> float:
@@ -232,6 +274,25 @@ def iteration_points(func) -> int:
     return total[0]
 
 
+def call_bytes(inputs: Sequence, output_ty) -> int:
+    """Bytes a kernel call moves: its tensor `inputs` read once, its output written once."""
+    return sum(tensor_nbytes(t.ty) for t in inputs) + tensor_nbytes(output_ty)
+
+
+def call_tir_intensity(func, inputs: Sequence, output_ty) -> float:
+    """Operations per element moved of a `call_tir` of PrimFunc `func` on `inputs` (Relax
+    tensors) into a tensor of type `output_ty`: one operation per iteration point of its
+    blocks (`iteration_points`) over `call_bytes`, in elements of the output's dtype (see
+    the module docstring)."""
+    itemsize = np.dtype(str(output_ty.dtype)).itemsize
+    return iteration_points(func) * itemsize / call_bytes(inputs, output_ty)
+
+
+def is_memory_bound_call(func, inputs: Sequence, output_ty) -> bool:
+    """`call_tir_intensity` below `EOP_MAX_INTENSITY`."""
+    return call_tir_intensity(func, inputs, output_ty) < EOP_MAX_INTENSITY
+
+
 def estimate_call(call, peaks: Peaks) -> float:
     """A predefined operator's time by the roofline alone, nothing compiled or run: its
     legalised PrimFunc's iteration points (a multiply-add, 2 FLOPs, per point; an upper
@@ -293,8 +354,75 @@ def time_call(call, target: str = "llvm") -> float:
     return float(machine.cached(call_key(call, target), lambda: measure_call(call, target)))
 
 
+# --- programs ----------------------------------------------------------------------------
+
+_EOP_SUFFIX = re.compile(r"[_\d]+$")
+
+
+def program_kernels(mod, target, peaks: Optional[Peaks] = None) -> Tuple[Kernel, ...]:
+    """The kernels of `mod["main"]` with their times: operators and providers timed (with
+    `peaks`, the nominal figures of `measure=False`: estimated by the roofline instead),
+    eOperators (`call_tir`) estimated from bytes moved, and kernels whose inputs are all
+    constants free (FoldConstant evaluates them at compile time)."""
+    import tvm
+    from tvm import relax
+    from tvm.ir.expr import Constant
+
+    kernels: List[Kernel] = []
+    constant: set = set()
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+                continue
+            tensors = _tensor_inputs(call)
+            folded = all(isinstance(t, Constant) or t in constant for t in tensors)
+            if folded:
+                constant.add(binding.var)
+            name = call.op.name
+            if name == "relax.call_tir":
+                label = "eop:" + _EOP_SUFFIX.sub("", call.args[0].name_hint)
+                func, moved = mod[call.args[0]], call_bytes(tensors, binding.var.ty)
+                memory_bound = is_memory_bound_call(func, tensors, binding.var.ty)
+                if not memory_bound and not folded:
+                    # The bandwidth estimate only holds for memory-bound kernels; EinNet maps
+                    # compute-bound expressions to predefined operators or not at all.
+                    intensity = call_tir_intensity(func, tensors, binding.var.ty)
+                    raise NotImplementedError(
+                        f"{label} is compute-bound ({intensity:.1f} FLOPs/element); no "
+                        f"predefined operator matched it")
+                kernels.append(Kernel(label, 0.0 if folded else eop_seconds_from_bytes(moved, peaks),
+                                      False))
+                continue
+            if name == "relax.call_dps_packed":
+                name = str(call.args[0].global_symbol)
+            if folded:
+                kernels.append(Kernel(name, 0.0, False))
+            elif peaks is not None:
+                kernels.append(Kernel(name, estimate_call(call, peaks), False))
+            else:
+                kernels.append(Kernel(name, time_call(call, target), True))
+    return tuple(kernels)
+
+
+def _tensor_inputs(call) -> list:
+    """The tensors a Relax call reads, directly or in a tuple (as `call_dps_packed` passes
+    them)."""
+    from tvm import relax
+
+    out = []
+    for arg in call.args:
+        if isinstance(arg, relax.Tuple):
+            out += [f for f in arg.fields if isinstance(getattr(f, "ty", None), relax.TensorType)]
+        elif isinstance(getattr(arg, "ty", None), relax.TensorType):
+            out.append(arg)
+    return out
+
+
 __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_intensity",
            "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes",
            "measure_module", "measure_modules", "measured_comparison", "best_seconds", "call_key",
            "time_call", "measure_call", "static_shape", "tensor_nbytes", "single_call_module",
-           "EOP_MAX_INTENSITY", "levels", "roofline_seconds", "iteration_points", "estimate_call"]
+           "EOP_MAX_INTENSITY", "levels", "roofline_seconds", "iteration_points", "estimate_call",
+           "kernel_intensity", "call_bytes", "call_tir_intensity", "is_memory_bound_call",
+           "program_kernels"]
