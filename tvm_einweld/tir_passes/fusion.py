@@ -164,6 +164,7 @@ class TileGraphFusion:
         self.report: FusionReport | None = None
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
         self._measured = 0
+        self._families: dict = {}  # node name -> the analytic rule family claiming it
 
     def transform_module(self, mod: ir.IRModule, _ctx) -> ir.IRModule:
         from ..verify.module_check import checked
@@ -179,7 +180,7 @@ class TileGraphFusion:
         if not graph.nodes:
             return mod
         factory = KernelFactory(graph, self.device)
-        self._measured = 0
+        self._measured, self._families = 0, {}
         plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory),
                                 self._alone(graph, factory) if self.rules else None)
         replacements, rejected = [], []
@@ -252,10 +253,50 @@ class TileGraphFusion:
 
         return alone
 
+    def _family(self, node) -> str | None:
+        """The analytic rule family ("conv", "gemm", "memory-bound") claiming a node's own
+        function, or None; cached per run."""
+        from .rules.cpu import schedule_cpu
+
+        if node.name not in self._families:
+            found = schedule_cpu(node.func, self.target)
+            self._families[node.name] = found[0] if found else None
+        return self._families[node.name]
+
+    def _tile_configs_wanted(self, sub: SubGraph, factory) -> bool:
+        """Whether tile configs of `sub` are worth building and timing. Not when `sub` holds a
+        convolution or GEMM-class node the analytic rules schedule and either stands alone,
+        holds a second one, or forms a group the rules also schedule as one (a GEMM with its
+        prologue/epilogue): the tile code generator has no register blocking, and its conv /
+        GEMM kernels measured 2-10x slower than the analytic ones (ResNet-18, BERT), so timing
+        them only cost compile time and, under load, let noise pick a slow kernel. Tile
+        configs stay for one contraction with memory-bound neighbours the rules cannot merge
+        (a GEMM followed by softmax or layer norm: Welder's case) and for memory-bound groups."""
+        from .rules.cpu import schedule_cpu
+
+        if not self.rules:
+            return True
+        contractions = sum(self._family(n) in ("conv", "gemm") for n in sub.nodes)
+        if contractions == 0:
+            return True
+        if contractions > 1 or len(sub.nodes) == 1:
+            return False
+        try:
+            return schedule_cpu(factory.merged(sub), self.target) is None
+        except (Unsupported, ValueError):
+            return True
+
     def _evaluator(self, graph, factory):
-        """Seconds of a candidate: measured, or estimated once its kernel is known to build."""
+        """Seconds of a candidate: measured, or estimated once its kernel is known to build;
+        None (not a candidate) where tile configs are not wanted (`_tile_configs_wanted`)."""
+
+        wanted: dict = {}
 
         def evaluate(sub: SubGraph, cand: Candidate):
+            if sub.names not in wanted:
+                wanted[sub.names] = self._tile_configs_wanted(sub, factory)
+            if not wanted[sub.names]:
+                return None
             func = factory.kernel(sub, cand.config, cand.inner)
             if func is None:
                 return None
