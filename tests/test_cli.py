@@ -97,14 +97,19 @@ def _tiny_gather_matmul(path):
               path)
 
 
-def test_optimize_checks_a_model_with_integer_inputs(tmp_path):
-    """int64 indices get valid random indices in the check (issue 17, part 1)."""
+def _optimize_gather_matmul(tmp_path, *flags):
+    """`optimize` on the Gather + MatMul model with `flags`: it compiles and checks ok."""
     path = tmp_path / "gather.onnx"
     _tiny_gather_matmul(path)
-    out = cli("optimize", str(path), "--no-derive")
+    out = cli("optimize", str(path), *flags)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "check against onnxruntime on random inputs: ok" in out.stdout
     assert "Traceback" not in out.stderr
+
+
+def test_optimize_checks_a_model_with_integer_inputs(tmp_path):
+    """int64 indices get valid random indices in the check (issue 17, part 1)."""
+    _optimize_gather_matmul(tmp_path, "--no-derive")
 
 
 def test_a_target_that_cannot_run_here_is_an_error_unless_cross_compiling(tmp_path):
@@ -229,8 +234,4 @@ def test_bench_progress_goes_to_stderr(tmp_path):
 
 def test_optimize_without_measuring(tmp_path):
     """`--no-measure` compiles by the cost model alone and still checks the result."""
-    path = tmp_path / "gather.onnx"
-    _tiny_gather_matmul(path)
-    out = cli("optimize", str(path), "--no-measure")
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "check against onnxruntime on random inputs: ok" in out.stdout
+    _optimize_gather_matmul(tmp_path, "--no-measure")
