@@ -87,6 +87,27 @@ def check_inside_output(sch, m, n, k):
     assert (whole[m:] == 12345.0).all(), "the kernel wrote past the end of C"
 
 
+def test_padded_tile_with_a_reshape_consumer():
+    """A 1x1 conv (a GEMM whose 100 output columns pad to whole panels) followed by a reshape
+    to (1, 800): folding the reshape into the padded write-back once turned the crop
+    `col < 100` into `row * 100 + col < 800`, so padded columns overwrote the next row (a
+    group TileGraphFusion merged; its check caught it). The reshape now stays outside."""
+    x = te.placeholder((1, 8, 10, 10), name="x")
+    w = te.placeholder((8, 8, 1, 1), name="w")
+    c = te.reduce_axis((0, 8), "c")
+    conv = te.compute((1, 8, 10, 10), lambda n, f, y, xx: te.sum(x[n, c, y, xx] * w[f, c, 0, 0],
+                                                                  axis=c), name="conv")
+    out = te.compute((1, 800), lambda a, b: conv[0, b // 100, (b % 100) // 10, b % 10],
+                     name="reshape")
+    func = te.create_prim_func([x, w, out]).with_attr("global_symbol", "main")
+    sch = gemm.GEMM().apply(func, TARGET, False)
+    assert sch is not None
+    xs, ws = rand(1, 8, 10, 10), rand(8, 8, 1, 1)
+    got = run_func(sch.mod["main"], xs, ws, out_shape=(1, 800), dtype="float32")
+    ref = np.einsum("nchw,fc->nfhw", xs, ws[:, :, 0, 0]).reshape(1, 800)
+    np.testing.assert_allclose(got, ref, **tol("float32"))
+
+
 def test_row_tiles_divide_padded_m():
     """Every plan's row tile divides the padded M (see the test above), on any shape/cores."""
     caches = gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)

@@ -413,25 +413,44 @@ def _all_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> list:
     return out
 
 
-def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+def _simple_reads(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """Every index `block` reads with is a block variable or a constant (an element-wise or
+    broadcast consumer), not a composite such as a reshape's `p // 100`."""
+    return all(isinstance(rng.min, (tirx.Var, tirx.IntImm))
+               for region in sch.get(block).reads for rng in region.region)
+
+
+def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                      padded: bool = False) -> None:
     """Fold the consumer graph (reindex/pad crops, epilogues) into `block`, as dlight does:
     first inline intermediate consumers forward into their own consumers (so a value read
     twice, like GELU's x * erf(x), becomes one expression), then reverse-inline the rest
-    into `block`. Consumers that refuse stay at the root, still correct."""
+    into `block`. Consumers that refuse stay at the root, still correct.
+    With `padded` (the output tile has padding that a crop predicate removes), a consumer
+    reading through composite indices (a reshape) is not folded, and nothing is inlined into
+    it: TVM 0.27's reverse_compute_inline then rewrote the crop `col < 100` into the
+    reshape's bound `row * 100 + col < 800`, writing the padded columns over the next row
+    (a 1x1 conv + reshape merged by TileGraphFusion; caught by its check)."""
+
+    def foldable(consumer) -> bool:
+        return not padded or _simple_reads(sch, consumer)
+
     changed = True
     while changed:
         changed = False
         consumers = _all_consumers(sch, block)
         for consumer in consumers:
-            try:
-                sch.compute_inline(consumer)
-                changed = True
+            try:  # a handle inlined away on an earlier pass raises, like a refusal
+                if all(foldable(c) for c in sch.get_consumers(consumer)):
+                    sch.compute_inline(consumer)
+                    changed = True
             except (RuntimeError, ValueError):
                 continue
         for consumer in consumers:
             try:
-                sch.reverse_compute_inline(consumer)
-                changed = True
+                if foldable(consumer):
+                    sch.reverse_compute_inline(consumer)
+                    changed = True
             except (RuntimeError, ValueError):
                 continue
 
@@ -600,7 +619,7 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
         accumulator_at = i_block
     accumulator = sch.cache_write(main, 0, "local")
     sch.reverse_compute_at(accumulator, accumulator_at, preserve_unit_loops=True)
-    _inline_consumers(sch, accumulator)
+    _inline_consumers(sch, accumulator, padded=bool(pad_m or pad_n))
     tile = sch.fuse(s, i_tile, j_tile)
     sch.parallel(tile)
     sch.unroll(i_reg)
