@@ -151,15 +151,22 @@ def test_tuned_record_applies_in_relax_and_matches_untuned(tmp_path):
     inputs = BLOCK.random_inputs(seed=6)
     mod = conv_relax_module(BLOCK, inputs["weight"], inputs["bias"])
     untuned = compile_vm(mod, TARGET)
+    # LC: every record carries a compile-time weight layout (with "adaptive" and 2 trials,
+    # which strategy's record measures best, and so whether the weight is rewritten at all,
+    # depended on the machine's load)
     stage = entry_points.adaptive_layout_tuning_pass(TARGET, str(tmp_path), max_trials_global=2,
-                                                     num_trials_per_iter=2, **FAST)
+                                                     num_trials_per_iter=2, layout_strategy="LC",
+                                                     **FAST)
     tuned_mod = stage(mod)
-    # the conv kernel now reads a weight whose layout was rewritten at compile time
+    # the conv kernel now reads a weight whose layout was rewritten at compile time: the
+    # same elements in another shape than the model's (8, 8, 3, 3)-style OIHW weight
+    original = tuple(inputs["weight"].shape)
     layouts = [
         [tuple(int(d) for d in info.shape) for info in ms.arg_info.ArgInfo.from_prim_func(f)]
         for _, f in tuned_mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)
     ]
-    assert any(len(shapes) > 1 and len(shapes[1]) > 4 for shapes in layouts), layouts
+    assert any(len(shapes) > 1 and shapes[1] != original and
+               np.prod(shapes[1]) == np.prod(original) for shapes in layouts), layouts
     tuned = compile_vm(tuned_mod, TARGET)
     x = inputs["data"]
     expect = untuned(x)
