@@ -924,6 +924,14 @@ def _pct(x: Optional[float]) -> str:
     return f"{100 * x:.0f} %" if x is not None else "-"
 
 
+def _rate(amount: float, seconds: Optional[float], reference: float) -> list[str]:
+    """[amount per second in G/s, that as a % of `reference` (per second)], or two dashes
+    without a time: the GFLOP/s / % peak and GB/s / % copy cells of a row."""
+    if not seconds:
+        return ["-", "-"]
+    return [f"{amount / seconds / 1e9:.1f}", _pct(amount / seconds / reference)]
+
+
 def _ratio(x: Optional[float]) -> str:
     return f"{x:.2f}x" if x is not None else "-"
 
@@ -981,12 +989,8 @@ def render(report: Report) -> str:
         lines.append(" | ".join([
             f"| {r.label}{' *' if r.flops / 2 >= LARGE_MNK else ''}", r.where,
             f"{r.flops / 1e6:.1f}", _cell_text(r, EINWELD.name, _ms),
-            f"{r.flops / ours / 1e9:.1f}" if ours else "-",
-            _pct(r.flops / ours / peak) if ours else "-",
-            _cell_text(r, ONNXRUNTIME.name, _ms),
-            f"{r.flops / ort / 1e9:.1f}" if ort else "-",
-            _pct(r.flops / ort / peak) if ort else "-",
-            _ratio(_speedup(r)), *(_cell_text(r, name, rate) for name in
+            *_rate(r.flops, ours, peak), _cell_text(r, ONNXRUNTIME.name, _ms),
+            *_rate(r.flops, ort, peak), _ratio(_speedup(r)), *(_cell_text(r, name, rate) for name in
                                    (NUMPY.name, TVM_UNTUNED.name, METASCHEDULE.name)),
             _rule(r)]) + " |")
     lines += ["", "## Memory-bound kernels", "",
@@ -1002,10 +1006,9 @@ def render(report: Report) -> str:
         copy = r.copy_gbs or float("nan")
         lines.append(" | ".join([
             f"| {r.label}", r.where, f"{r.bytes / 1024:.0f}", f"{copy:.1f}",
-            _cell_text(r, EINWELD.name, _ms), f"{r.bytes / ours / 1e9:.1f}" if ours else "-",
-            _pct(r.bytes / ours / 1e9 / copy) if ours else "-",
-            _cell_text(r, ONNXRUNTIME.name, _ms), f"{r.bytes / ort / 1e9:.1f}" if ort else "-",
-            _pct(r.bytes / ort / 1e9 / copy) if ort else "-", _ratio(_speedup(r)),
+            _cell_text(r, EINWELD.name, _ms), *_rate(r.bytes, ours, copy * 1e9),
+            _cell_text(r, ONNXRUNTIME.name, _ms), *_rate(r.bytes, ort, copy * 1e9),
+            _ratio(_speedup(r)),
             _cell_text(r, TVM_UNTUNED.name, _ms), _rule(r)]) + " |")
     if fused:
         lines += ["", "## Fused region", "",
@@ -1019,8 +1022,7 @@ def render(report: Report) -> str:
             groups = settings.get("fused_groups", "?")
             lines.append(" | ".join([
                 f"| {r.label}", r.where, f"{r.flops / 1e6:.1f}", _cell_text(r, EINWELD.name, _ms),
-                f"{r.flops / ours / 1e9:.1f}" if ours else "-",
-                _pct(r.flops / ours / peak) if ours else "-",
+                *_rate(r.flops, ours, peak),
                 f"{groups} group(s), up to {settings.get('fused_nodes', '?')} nodes"
                 if groups not in ("0", "?") else "no",
                 _cell_text(r, ONNXRUNTIME.name, _ms), _ratio(_speedup(r)),
