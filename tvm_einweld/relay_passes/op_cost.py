@@ -1,15 +1,16 @@
 """Cost of candidate programs (EinNet §6.1, "delayed code generation").
 
 * A predefined operator (any Relax call: conv2d, matmul, a `call_dps_packed` provider, ...) is
-  timed on the target: compiled once alone in a function with `tvm.compile`, run a few times,
-  median kept. Times are cached on disk under `machine.cache_dir()`, keyed by operator,
-  argument shapes/dtypes, attributes and target, so each distinct call is measured once per
-  machine.
-* An eOperator is estimated, not compiled: bytes moved / the machine's measured copy
-  bandwidth (`machine.profile()`). eOperators are memory-bound by construction (EinNet only
-  makes expressions of arithmetic intensity below 4 into eOperators, `EOP_MAX_INTENSITY`), so
-  traffic is what their time is made of. Unlike the published EinNet, which counts them as
-  free, they are charged here.
+  timed on the target: compiled once alone in a function as the pipeline builds kernels, run
+  in a few rounds, the best kept (other processes only add time); with `measure=False` it is
+  estimated by the roofline at nominal peaks instead (`estimate_call`). Times are cached on
+  disk under `machine.cache_dir()`, keyed by operator, argument shapes/dtypes, attributes and
+  target, so each distinct call is measured once per machine.
+* An eOperator is estimated, not compiled: bytes moved / the copy bandwidth (this machine's
+  measured one, `cost_model.measured_peaks`, or the nominal one of `measure=False`).
+  eOperators are memory-bound by construction (EinNet only makes expressions of arithmetic
+  intensity below 4 into eOperators, `EOP_MAX_INTENSITY`), so traffic is what their time is
+  made of. Unlike the published EinNet, which counts them as free, they are charged here.
 * A program's cost is the sum of its kernels' times, eOperators included
   (`program_kernels` lists the kernels of a candidate's module with their times).
 
@@ -304,14 +305,13 @@ def estimate_call(call, peaks: Peaks) -> float:
     mod = relax.transform.LegalizeOps()(single_call_module(call))
     points = sum(iteration_points(f) for _, f in mod.functions.items()
                  if isinstance(f, tvm.tirx.PrimFunc))
-    args = [f for a in call.args for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
-    moved = sum(tensor_nbytes(a.ty) for a in args + [call]
-                if isinstance(getattr(a, "ty", None), relax.TensorType))
+    moved = call_bytes(_tensor_inputs(call), call.ty)
     return max(2 * points / peaks.flops, moved / peaks.bandwidth)
 
 
 def measure_call(call, target: str = "llvm", repeats: int = 5) -> float:
-    """Median seconds of `call` compiled alone for `target` and run on random inputs."""
+    """Seconds of `call` compiled alone for `target` and run on random inputs (its best round:
+    `measure_modules`)."""
     return measure_module(single_call_module(call), target, repeats)
 
 
@@ -391,8 +391,8 @@ def program_kernels(mod, target, peaks: Optional[Peaks] = None) -> Tuple[Kernel,
                     raise NotImplementedError(
                         f"{label} is compute-bound ({intensity:.1f} FLOPs/element); no "
                         f"predefined operator matched it")
-                kernels.append(Kernel(label, 0.0 if folded else eop_seconds_from_bytes(moved, peaks),
-                                      False))
+                seconds = 0.0 if folded else eop_seconds_from_bytes(moved, peaks)
+                kernels.append(Kernel(label, seconds, False))
                 continue
             if name == "relax.call_dps_packed":
                 name = str(call.args[0].global_symbol)
