@@ -164,7 +164,7 @@ class TileGraphFusion:
         self.report: FusionReport | None = None
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
         self._measured = 0
-        self._families: dict = {}  # node name -> the analytic rule family claiming it
+        self._claims: dict = {}  # node names -> what the analytic rules give their kernel
 
     def transform_module(self, mod: ir.IRModule, _ctx) -> ir.IRModule:
         from ..verify.module_check import checked
@@ -180,7 +180,7 @@ class TileGraphFusion:
         if not graph.nodes:
             return mod
         factory = KernelFactory(graph, self.device)
-        self._measured, self._families = 0, {}
+        self._measured, self._claims = 0, {}
         plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory),
                                 self._alone(graph, factory) if self.rules else None)
         replacements, rejected = [], []
@@ -230,38 +230,51 @@ class TileGraphFusion:
         measurement, the model's own terms: the sub-graph's compulsory traffic (its inputs and
         output once) at DRAM bandwidth, the ideal a tile config's penalised traffic is held
         against."""
-        from .rules.cpu import schedule_cpu
 
         def alone(sub: SubGraph):
             single = len(sub.nodes) == 1
-            try:
-                func = sub.nodes[0].func if single else factory.merged(sub)
-            except (Unsupported, ValueError):
+            if self._analytic(sub, factory) is None:
                 return None
-            if schedule_cpu(func, self.target) is None:
-                return None
+            func = None if single else factory.merged(sub)
             if not self.measure:
                 inputs = sub.nodes[0].inputs if single else sub.inputs
                 moved = sum(graph.tensors[t].nbytes for t in (*inputs, sub.output))
                 return moved / self.device.level(0).bandwidth
             self._measured += 1
             try:
-                return time_alone(graph, sub, self.target, None if single else func)
+                return time_alone(graph, sub, self.target, func)
             except Exception as err:  # pylint: disable=broad-except  # unbuildable = unusable
                 logger.info("analytic kernel of %s did not build: %s", sub.names, err)
                 return None
 
         return alone
 
-    def _family(self, node) -> str | None:
-        """The analytic rule family ("conv", "gemm", "memory-bound") claiming a node's own
-        function, or None; cached per run."""
+    def _claim(self, names: frozenset, func_of):
+        """(rule family, scheduled function) that `rules.cpu.schedule_cpu` gives the kernel
+        of the nodes `names` (`func_of()` builds it), or None when no rule claims it or the
+        group cannot be merged; computed once per run (pricing, pruning and checking a group
+        all ask)."""
         from .rules.cpu import schedule_cpu
 
-        if node.name not in self._families:
-            found = schedule_cpu(node.func, self.target)
-            self._families[node.name] = found[0] if found else None
-        return self._families[node.name]
+        if names not in self._claims:
+            try:
+                func = func_of()
+            except (Unsupported, ValueError):
+                self._claims[names] = None
+            else:
+                self._claims[names] = schedule_cpu(func, self.target)
+        return self._claims[names]
+
+    def _analytic(self, sub: SubGraph, factory):
+        """`_claim` of a sub-graph: a single node's own function or a group's merged one."""
+        return self._claim(sub.names, lambda: sub.nodes[0].func if len(sub.nodes) == 1
+                           else factory.merged(sub))
+
+    def _family(self, node) -> str | None:
+        """The analytic rule family ("conv", "gemm", "memory-bound") claiming a node's own
+        function, or None."""
+        claim = self._claim(frozenset([node.name]), lambda: node.func)
+        return claim[0] if claim else None
 
     def _tile_configs_wanted(self, sub: SubGraph, factory) -> bool:
         """Whether tile configs of `sub` are worth building and timing. Not when `sub` holds a
@@ -272,8 +285,6 @@ class TileGraphFusion:
         them only cost compile time and, under load, let noise pick a slow kernel. Tile
         configs stay for one contraction with memory-bound neighbours the rules cannot merge
         (a GEMM followed by softmax or layer norm: Welder's case) and for memory-bound groups."""
-        from .rules.cpu import schedule_cpu
-
         if not self.rules:
             return True
         contractions = sum(self._family(n) in ("conv", "gemm") for n in sub.nodes)
@@ -281,10 +292,7 @@ class TileGraphFusion:
             return True
         if contractions > 1 or len(sub.nodes) == 1:
             return False
-        try:
-            return schedule_cpu(factory.merged(sub), self.target) is None
-        except (Unsupported, ValueError):
-            return True
+        return self._analytic(sub, factory) is None
 
     def _evaluator(self, graph, factory):
         """Seconds of a candidate: measured, or estimated once its kernel is known to build;
@@ -313,9 +321,7 @@ class TileGraphFusion:
 
     def _check(self, graph, sub, cand, func):
         if cand is None:  # a merged group for the analytic rules: check it as they schedule it
-            from .rules.cpu import schedule_cpu
-
-            scheduled = schedule_cpu(func, self.target)
+            scheduled = self._claim(sub.names, lambda: func)
             return check_group(scheduled[1] if scheduled else func, graph, sub, self.target)
         if self.target.kind.name == "llvm":
             return check_group(func, graph, sub, self.target)
