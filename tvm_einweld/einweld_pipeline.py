@@ -41,11 +41,11 @@ import tvm
 from tvm import relax
 
 from .tir_passes.measure import compare_modules
+from .verify.module_check import ModuleCheck, checked
 
 # Tuned records are kept only when the whole tuned module is this much faster than the untuned
-# one (alternating best-of-five timings; a smaller difference is within the noise).
+# one in all but one of alternating rounds (`tir_passes.measure.compare_modules`).
 MIN_TUNED_GAIN = 1.05
-from .verify.module_check import ModuleCheck, checked
 
 TargetLike = Union[str, dict, tvm.target.Target, None]
 _LOG = logging.getLogger("tvm_einweld.progress")
@@ -69,10 +69,10 @@ def _warn_if_generic(target: tvm.target.Target) -> None:
     """Plain "llvm" is generic x86-64 (128-bit vectors): say once per process when this CPU
     has wider ones, and which target uses them (measured: a U-Net block 1.31 ms as "llvm",
     0.37 ms with the host's -mcpu)."""
+    from tvm.target import codegen
+
     from .tir_passes.device import host_target
     from .tir_passes.rules.cpu.isa import vector_isa
-
-    from tvm.target import codegen
 
     attrs = target.attrs
     if _WARNED_GENERIC or target.kind.name != "llvm" or attrs.get("mcpu") or \
