@@ -45,8 +45,9 @@ Sizing (all from the target and the device model, nothing from a particular CPU)
 (FMA throughput, load ports, FMA latency over independent accumulators, see `micro_cycles`)
 under the register budget; `choose_tiles` keeps K whole while a K x nr panel of B fits in
 half of L2 (the accumulator then never leaves the registers), else blocks it for L1, and
-sizes `mc` for L2 while leaving enough parallel tiles for the cores. Cache sizes come from sysfs (`machine.cache_sizes`) when
-the target is this host, else from the `DEFAULT_CACHES` table.
+sizes `mc` for L2 while leaving enough parallel tiles for the cores (a divisor of the padded
+M, so every row tile is whole). Cache sizes come from sysfs (`machine.cache_sizes`) when the
+target is this host, else from the `DEFAULT_CACHES` table.
 """
 from __future__ import annotations
 
