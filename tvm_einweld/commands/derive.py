@@ -12,15 +12,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import logging
 import sys
-import time
 from typing import Sequence
 
 from .model_input import add_input_shape_argument
 
 HELP = "run the derivation search on every subprogram of an ONNX model"
-_LOG = logging.getLogger("tvm_einweld.progress")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     _, mod = load(read_onnx(args.model), args.model, args.input_shape, say)
     transform = DerivationTransform(max_depth=args.max_depth, max_states=args.max_states,
                                     time_limit_s=args.time_limit, seed=args.seed)
-    results = _analyse(transform, mod)
+    _, results = transform.analyse(mod, apply=False)  # progress per subprogram on stderr
     if args.json:
         print(json.dumps({"subprograms": [r.to_json() for r in results]}, indent=1))
         return 0
@@ -66,25 +63,6 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         _print_result(r)
     return 0
-
-
-def _analyse(transform, mod) -> list:
-    """`transform.analyse(mod, apply=False)`, one progress line per subprogram on stderr."""
-    from ..relay_passes.subprograms import split_module
-    from .model_input import sentence
-
-    subs = [sub for split in split_module(mod).values() for sub in split.subprograms]
-    results = []
-    for k, sub in enumerate(subs, 1):
-        start = time.perf_counter()
-        try:
-            results.append(transform.optimise_subprogram(sub))
-            outcome = ""
-        except Exception as err:  # one subprogram's failure leaves the others to report
-            outcome = f": not optimised ({sentence(err)})"
-        _LOG.info("subprogram %d/%d %s#%d (%s): %.1f s%s", k, len(subs), sub.function,
-                  sub.index, ", ".join(sub.kinds), time.perf_counter() - start, outcome)
-    return results
 
 
 def _print_result(r) -> None:

@@ -41,6 +41,8 @@ evidence, estimated and measured times; so does every `RewriteLog` instrument of
 from __future__ import annotations
 
 import functools
+import logging
+import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -70,8 +72,11 @@ from .search import (
 )
 from .subprograms import OpNode, Subprogram, rebuild_function, split_module
 
-# A measured rewrite is kept only when it is this much faster than the original: alternating,
-# best-of-five timings of one subprogram on a shared machine differ by a few percent.
+_LOG = logging.getLogger("tvm_einweld.progress")
+
+# A measured rewrite is kept only when it is this much faster than the original in all but
+# one of alternating rounds (`tir_passes.measure.compare_modules`): timings of one subprogram
+# on a shared machine differ by a few percent.
 MIN_MEASURED_GAIN = 1.05
 
 
@@ -148,14 +153,22 @@ class DerivationTransform:
             warnings.warn(f"DerivationTransform: no {self.target.kind.name} device on this machine to time "
                           f"and verify candidates on; the module is left unchanged")
             return mod, ()
-        for fname, split in split_module(mod).items():
+        splits = split_module(mod)
+        total = sum(len(split.subprograms) for split in splits.values())
+        for fname, split in splits.items():
             replacements: Dict[relax.Var, Callable] = {}
             for sub in split.subprograms:
+                start, outcome = time.perf_counter(), ""
                 try:
                     res = self.optimise_subprogram(sub)
                 except Exception as err:  # an optimisation must never break the user's build
                     res = unchanged_result(sub, f"not optimised: {type(err).__name__}: {err}")
+                    outcome = f": {res.verification}"
                 results.append(res)
+                # Progress (logger "tvm_einweld.progress": the CLI shows it on stderr).
+                _LOG.info("subprogram %d/%d %s#%d (%s): %.1f s%s", len(results), total,
+                          sub.function, sub.index, ", ".join(sub.kinds),
+                          time.perf_counter() - start, outcome)
                 if res.applied:
                     for o in res.ops:
                         if o.chosen is not o.original:
