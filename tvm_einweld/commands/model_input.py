@@ -99,6 +99,7 @@ def sentence(err: BaseException) -> str:
     return plain_note(f"{type(err).__name__}: {text.splitlines()[0]}") if text else \
         type(err).__name__
 
+
 # "NotImplementedError: x" or "TVMError: x" inside a note (the passes' raw exception text).
 _EXCEPTION = re.compile(r"\b(?:[A-Za-z_]+\.)*([A-Z][A-Za-z]*(?:Error|Exception|NotApplicable))"
                         r": ")
