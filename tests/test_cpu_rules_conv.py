@@ -70,6 +70,15 @@ CASES = {
     "dilated": ((1, 4, 12, 12), (6, 4, 3, 3), dict(padding=2, dilation=2)),
     "groups": ((1, 8, 10, 10), (16, 4, 3, 3), dict(padding=1, groups=2)),
     "depthwise": ((1, 8, 10, 10), (8, 1, 3, 3), dict(padding=1, groups=8)),
+    # Depthwise with the padded plane made inside each channel's parallel iteration: rows
+    # blocked (28 = 4 x 7), a stride-2 odd width (column phases padded), a 5x5 window over a
+    # batch, and too few channels for the channel loop (the whole-input copy).
+    "depthwise_28": ((1, 16, 28, 28), (16, 1, 3, 3), dict(padding=1, groups=16)),
+    "depthwise_stride2_oddwidth": ((1, 6, 13, 11), (6, 1, 3, 3), dict(strides=2, padding=1,
+                                                                       groups=6)),
+    "depthwise_5x5_batch": ((2, 3, 12, 12), (3, 1, 5, 5), dict(padding=2, groups=3)),
+    "depthwise_one_channel_pair": ((1, 2, 9, 9), (2, 1, 3, 3), dict(padding=1, groups=2)),
+    "depthwise_multiplier": ((1, 4, 9, 9), (8, 1, 3, 3), dict(padding=1, groups=4)),
 }
 
 
@@ -127,6 +136,9 @@ def test_register_block_is_exact_and_fits():
     assert not blk.channels_in_lanes  # 14 of 16 lanes filled along the rows
     depthwise = conv.choose_conv_block(isa, conv.ConvShape(1, 32, 7, 7, "float32", (1,)))
     assert depthwise.mr == 1 and not depthwise.channels_in_lanes
+    rows = conv.choose_conv_block(isa, conv.ConvShape(1, 192, 28, 28, "float32", (1,)))
+    # Rows blocked for independent accumulators, but no more than hide the FMA latency.
+    assert rows.yb > 1 and rows.vectors <= isa.fma_units * isa.fma_latency
     small_map = conv.choose_conv_block(isa, conv.ConvShape(1, 512, 7, 7, "float32", (16, 32)))
     assert small_map.channels_in_lanes and small_map.mr % 16 == 0
 
@@ -157,3 +169,31 @@ def test_planted_fault_wrong_weights_layout_is_caught():
     assert matches(good)
     assert not matches(good[..., ::-1].copy())           # channels reversed within a block
     assert not matches(np.roll(good, 1, axis=2).copy())  # kernel rows shifted
+
+
+def _legalized_conv(name):
+    x_shape, w_shape, attrs = CASES[name]
+    w = RNG.standard_normal(w_shape).astype("float32")
+    with TARGET:
+        from tvm.relax.backend.cpu_generic import pipeline as cpu
+        low = tvm.transform.Sequential(cpu.legalize_passes(TARGET))(conv_module(x_shape, w,
+                                                                                 **attrs))
+    (func,) = [f for f in low.functions.values() if isinstance(f, tirx.PrimFunc)]
+    return func
+
+
+@pytest.mark.parametrize("name,in_channel_loop", [("depthwise_28", True),
+                                                   ("depthwise_one_channel_pair", False),
+                                                   ("3x3", False)])
+def test_depthwise_pads_each_plane_inside_its_parallel_channel_loop(name, in_channel_loop):
+    """Depthwise: the padding copy shares the kernel's parallel loop (one plane per channel,
+    kept in L1); too few channels to feed every core, or a dense conv: one whole copy."""
+    sch = conv.schedule_conv(_legalized_conv(name), TARGET)
+    pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))
+    kernel = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+              if sch.get(b).name_hint not in ("pad_temp",)]
+    outer = sch.get(pad_loops[0])
+    assert outer.kind == tirx.ForKind.PARALLEL
+    shared = any(sch.get(sch.get_loops(b)[0]).same_as(outer) for b in kernel
+                 if "conv" in sch.get(b).name_hint)
+    assert shared == in_channel_loop

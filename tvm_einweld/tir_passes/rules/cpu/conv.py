@@ -100,6 +100,12 @@ class ConvShape:
     dtype: str
     rows_share_data: tuple[int, ...]  # the mr (divisors of F) whose rows read the same data
 
+    @property
+    def depthwise(self) -> bool:
+        """Every output channel reads its own input channels (depthwise, or one output
+        channel per group): no register block shares data across channels."""
+        return self.rows_share_data == (1,) and self.channels > 1
+
 
 def _divisors(value: int) -> list[int]:
     return [d for d in range(1, value + 1) if value % d == 0]
@@ -120,10 +126,12 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
         xv = math.ceil(xb / lanes)
         if xv >= isa.registers:
             continue
-        # Without channel sharing (depthwise) extra rows add no reuse, only live vectors: two
-        # rows of seven vectors measured 5x slower than one on an AVX-512 core.
-        max_rows = MAX_Y_BLOCK if len(shape.rows_share_data) > 1 else 1
-        for yb in [d for d in _divisors(shape.height) if d <= max_rows]:
+        for yb in [d for d in _divisors(shape.height) if d <= MAX_Y_BLOCK]:
+            # Without channel sharing (depthwise) extra rows add no weight reuse, only
+            # independent accumulators: enough to hide the FMA latency and no more (14 live
+            # row vectors measured 5x slower than 8 on an AVX-512 core, 7-8 the fastest).
+            if shape.depthwise and yb * xv > isa.fma_units * isa.fma_latency:
+                continue
             for mr in mrs:
                 candidates.append(ConvBlock(mr, yb, xb, lanes))
     # Channels in the lanes: any exact row / column block, mr a multiple of the lanes whose
@@ -289,11 +297,15 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     for producer in producers:
         gemm._inline_producers(sch, producer)
         if stride > 1:
-            sch.transform_layout(producer, ("write", 0), tirx.IndexMap.from_func(
+            phases = tirx.IndexMap.from_func(
                 lambda *i: (*i[:-1], i[-1] % stride, i[-1] // stride),
-                ndim=len(sch.get(producer).writes[0].region)), pad_value=0.0)
-        loops = sch.get_loops(producer)
-        sch.parallel(sch.fuse(*loops[:2]))
+                ndim=len(sch.get(producer).writes[0].region))
+            sch.transform_layout(producer, ("write", 0), phases, pad_value=0.0)
+            try:  # iterate in the order the copy writes: contiguous stores, strided loads
+                sch.transform_block_layout(producer, phases)
+            except s_tir.ScheduleError:  # odd width: the phases are padded, not a bijection
+                pass
+    cores = gemm.target_cores(target)
 
     # 3. Tiles and register block.
     loops = sch.get_loops(conv)
@@ -308,13 +320,27 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         f_tile, f_reg = sch.split(f, [None, mr])
         sch.reorder(n, f_tile, y_tile, x_tile, *reduction, f_reg, y_reg, x_reg)
         unrolled, lane = (f_reg, y_reg), x_reg
-    accumulator = sch.cache_write(conv, 0, "local")
+    accumulator = sch.cache_write(conv, 0, gemm.accumulator_scope(
+        block.mr * block.yb * block.xb, shape.dtype))
     if block.channels_in_lanes:  # the accumulator keeps channels innermost, like its lanes
         sch.transform_layout(conv, ("write", 0), lambda n_, f_, y_, x_: (n_, y_, x_, f_))
-    tile = sch.fuse(n, f_tile, y_tile, x_tile)
+    if shape.depthwise and len(producers) == 1 and shape.batch * shape.channels >= 2 * cores:
+        # Each channel reads only its own plane: pad it inside the channel's parallel
+        # iteration, where the copy stays in L1 for the kernel, instead of one padded
+        # copy of the whole input through L2 (measured ~40 % of a depthwise kernel's time).
+        channel = sch.fuse(n, f_tile)
+        tile = sch.fuse(y_tile, x_tile)
+        sch.compute_at(producers[0], channel, preserve_unit_loops=True)
+        sch.parallel(channel)
+    else:
+        tile = sch.fuse(n, f_tile, y_tile, x_tile)
+        sch.parallel(tile)
     sch.reverse_compute_at(accumulator, tile, preserve_unit_loops=True)
     gemm._inline_consumers(sch, accumulator)
-    sch.parallel(tile)
+    for producer in producers:  # a whole-input copy (not moved into the channel loop)
+        loops = sch.get_loops(producer)
+        if len(loops) == len(sch.get(producer).iter_vars):
+            sch.parallel(sch.fuse(*loops[:2]))
     for loop in unrolled:
         sch.unroll(loop)
     sch.vectorize(lane)
