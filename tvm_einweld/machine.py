@@ -17,7 +17,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -41,47 +41,51 @@ def cpu_model() -> str:
 
 
 def cpu_cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """How many CPUs this process may run on (`usable_cpus()`, SMT siblings included)."""
+    return len(usable_cpus())
 
 
 def usable_cpus() -> List[int]:
-    """The CPUs this process may be scheduled on: the cgroup's cpuset where there is one,
-    else the online CPUs. Not the calling thread's affinity mask, which TVM's thread pool
-    narrows to one CPU when it starts."""
-    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"):
-        try:
-            return _parse_cpu_list(Path(path).read_text())
-        except (OSError, ValueError):
-            continue
-    return list(range(os.cpu_count() or 1))
+    """The CPUs this process may be scheduled on: the online CPUs within the cgroup's cpuset
+    (all online CPUs where there is no cpuset). Not the calling thread's affinity mask, which
+    TVM's thread pool narrows to one CPU when it starts. The one definition: the threads
+    module, the benchmark harness and the pipeline's target all read it."""
+    try:
+        cpus = _parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text())
+    except (OSError, ValueError):
+        cpus = list(range(os.cpu_count() or 1))
+    try:
+        allowed = set(_parse_cpu_list(Path("/sys/fs/cgroup/cpuset.cpus.effective").read_text()))
+        cpus = [c for c in cpus if c in allowed] or cpus
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def _parse_cpu_list(text: str) -> List[int]:
+    """The kernel's CPU list format: "0-3,6,8-9" (a trailing newline or empty part is fine)."""
     cpus: List[int] = []
     for part in text.strip().split(","):
-        lo, _, hi = part.partition("-")
-        cpus += range(int(lo), int(hi or lo) + 1)
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus += range(int(lo), int(hi or lo) + 1)
     if not cpus:
         raise ValueError("empty CPU list")
     return cpus
 
 
-def physical_cores() -> int:
-    """Physical cores among `usable_cpus()` (SMT siblings counted once), from the kernel's
-    CPU topology; the usable CPU count where topology is not readable."""
-    allowed = usable_cpus()
+def physical_cores(cpus: Optional[Sequence[int]] = None) -> int:
+    """Physical cores among `cpus` (default `usable_cpus()`): distinct (package, core) pairs
+    of the kernel's CPU topology, so SMT siblings count once; a CPU whose topology is not
+    readable counts as a core of its own. At least 1."""
     cores = set()
-    for cpu in allowed:
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    for cpu in usable_cpus() if cpus is None else cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            cores.add(((topo / "physical_package_id").read_text().strip(),
-                       (topo / "core_id").read_text().strip()))
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
         except OSError:
-            return len(allowed)
+            cores.add(("cpu", str(cpu)))
     return max(1, len(cores))
 
 
