@@ -9,7 +9,7 @@ from conftest import run_vm
 from tvm_einweld.expr import Expr, Iterator, Tensor, canonical, evaluate, random_inputs
 from tvm_einweld.relay_passes import build, instantiate
 from tvm_einweld.relay_passes.eoperator import eoperator_func
-from tvm_einweld.relay_passes.op_cost import kernel_intensity
+from tvm_einweld.relay_passes.op_cost import EOP_MAX_INTENSITY, kernel_intensity
 
 
 def run_and_compare(expr, **options):
@@ -68,10 +68,10 @@ def test_batch_matmul_with_transposed_operand():
 def test_memory_bound_expressions_become_named_eoperators():
     a = Tensor("A", (4, 6, 5))
     expr = canonical.permute_dims(a, (2, 0, 1))
-    assert kernel_intensity(expr) < 4
+    assert kernel_intensity(expr) < EOP_MAX_INTENSITY
     inst = run_and_compare(expr)
     assert inst.kernels == (("eOperator", "DLT"),)
-    small = canonical.matmul(Tensor("P", (2, 3)), Tensor("Q", (3, 2)))  # intensity < 4
+    small = canonical.matmul(Tensor("P", (2, 3)), Tensor("Q", (3, 2)))  # memory-bound
     assert [k for k, _ in run_and_compare(small).kernels] == ["eOperator"]
     assert [k for k, _ in run_and_compare(small, threshold=0).kernels] == ["matmul"]
 
