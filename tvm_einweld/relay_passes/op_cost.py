@@ -2,7 +2,7 @@
 
 * A predefined operator (any Relax call: conv2d, matmul, a `call_dps_packed` provider, ...) is
   timed on the target: compiled once alone in a function as the pipeline builds kernels, run
-  in a few rounds, the best kept (other processes only add time); with `measure=False` it is
+  in a few rounds, the fastest kept (`machine.fastest`); with `measure=False` it is
   estimated by the roofline at nominal peaks instead (`estimate_call`). Times are cached on
   disk under `machine.cache_dir()`, keyed by operator, argument shapes/dtypes, attributes and
   target, so each distinct call is measured once per machine.
