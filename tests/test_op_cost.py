@@ -12,7 +12,7 @@ from tvm import relax
 from tvm_einweld import machine
 from tvm_einweld.expr import Iterator, Tensor
 from tvm_einweld.expr import canonical as C
-from tvm_einweld.expr.expression import Expr, input_tensors
+from tvm_einweld.expr.expression import Expr
 from tvm_einweld.relay_passes import op_cost
 from tvm_einweld.relay_passes.op_cost import (
     EOP_MAX_INTENSITY, Kernel, arithmetic_intensity, bytes_moved, call_tir_intensity, eop_seconds,
@@ -104,17 +104,9 @@ CALIBRATION = {
 
 
 def _eoperator_module(expr: Expr):
-    from tvm_einweld.relay_passes.eoperator import emit_eoperator
+    from tvm_einweld.relay_passes.eoperator import eoperator_module
 
-    tensors = input_tensors(expr)
-    params = {n: relax.Var(n, relax.TensorType(t.shape, t.dtype))
-              for n, t in sorted(tensors.items())}
-    bb = relax.BlockBuilder()
-    with bb.function("main", list(params.values())):
-        with bb.dataflow():
-            out = bb.emit_output(emit_eoperator(bb, expr, params, "eop"))
-        bb.emit_func_output(out)
-    return bb.get()
+    return eoperator_module(expr)
 
 
 def test_one_kernel_scores_the_same_in_every_form():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
+import tvm
 from tvm import relax, te, tirx
 from tvm.target import Target
 
@@ -47,3 +48,17 @@ def emit_eoperator(bb: relax.BlockBuilder, expr: Expr, values: Mapping[str, rela
     gvar = bb.add_func(func, name)
     out_ty = relax.TensorType(expr.shape, expr.dtype)
     return bb.emit(relax.call_tir(gvar, [values[n] for n in names], out_ty), name_hint=name)
+
+
+def eoperator_module(expr: Expr, name: str = "eop") -> tvm.IRModule:
+    """A Relax module whose `main` takes `expr`'s input tensors (sorted by name) and returns
+    `expr` computed by one eOperator named `name` (whatever its intensity: to time or test
+    the eOperator of an expression)."""
+    params = {n: relax.Var(n, relax.TensorType(t.shape, t.dtype))
+              for n, t in sorted(input_tensors(expr).items())}
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(params.values())):
+        with bb.dataflow():
+            out = bb.emit_output(emit_eoperator(bb, expr, params, name))
+        bb.emit_func_output(out)
+    return bb.get()

@@ -10,7 +10,7 @@ applies every CPU rule family is `rules.cpu.ApplyCPURules`.
 `schedule_eoperator(func, target)` schedules an eOperator (a kernel compiled from an expression,
 `relay_passes.eoperator`), memory-bound by construction: with the injective rule where it claims
 the function, else with the same loop nest (`injective.schedule_spatial_block`) on every block
-where it stands.
+where it stands, and marked scheduled (`tirx.is_scheduled`) as every rule's output is.
 
 Correctness: each rule only applies TensorIR schedule primitives (see the rules' docstrings), and
 the fast-math rewrite replaces a call by a formula with a tested error bound; nothing else in a
@@ -83,7 +83,9 @@ def schedule_eoperator(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
                 parallel_rows(sch, block, params)
             else:
                 schedule_spatial_block(sch, block, params)
-    return sch.mod["main"]
+    # Marked like every rule's output: later passes (ApplyCPURules, TileGraphFusion, tuning)
+    # leave it as it is; a Schedule over a loop_partition'd function would not even be valid.
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 def parallel_rows(sch: s_tir.Schedule, block, params: CpuParams) -> None:
