@@ -30,8 +30,9 @@ report's graph roofline):
 The FLOP count is the roofline's usual one (a GEMM's 2*M*N*K), taken per iteration point so
 that it can be read off any representation of a kernel: an expression's iterators, a
 PrimFunc's blocks, an ONNX node's shapes. Body operations beyond the multiply-add are not
-counted: they run in the same vector instructions' shadow of the loads on a memory-bound
-kernel, and counting them made the same kernel score differently in each representation.
+counted: on a memory-bound kernel they overlap with its loads, and they cannot be counted
+alike in every representation (counting them is how one kernel came to score differently
+in each).
 """
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ exp/erf/tanh/sigmoid calls are then rewritten into the vectorisable formulas of 
 applies every CPU rule family is `rules.cpu.ApplyCPURules`.
 
 `schedule_eoperator(func, target)` schedules an eOperator (a kernel compiled from an expression,
-`relay_passes.eoperator`), memory-bound by construction: with the injective rule where it claims
-the function, else with the same loop nest (`injective.schedule_spatial_block`) on every block
-where it stands, and marked scheduled (`tirx.is_scheduled`) as every rule's output is.
+`relay_passes.eoperator`; memory-bound but for the G2BMM kernel, which Relax has no operator
+for): with the injective rule where it claims the function, else with the same loop nest
+(`injective.schedule_spatial_block`; `parallel_rows` for a contraction) on every block where it
+stands, and marked scheduled (`tirx.is_scheduled`) as every rule's output is.
 
 Correctness: each rule only applies TensorIR schedule primitives (see the rules' docstrings), and
 the fast-math rewrite replaces a call by a formula with a tested error bound; nothing else in a
