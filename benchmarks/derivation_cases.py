@@ -39,8 +39,9 @@ from tvm_einweld.bench.timing import median_seconds
 from tvm_einweld.expr import Tensor, random_inputs
 from tvm_einweld.machine import cpu_model
 from tvm_einweld.relay_passes import cases as C
-from tvm_einweld.relay_passes.eoperator import default_cpu_schedule
+from tvm_einweld.relay_passes.eoperator import eoperator_target
 from tvm_einweld.relay_passes.instantiate import instantiate
+from tvm_einweld.tir_passes.rules.cpu.memory_bound import schedule_eoperator
 
 TARGET = {"kind": "llvm", "num-cores": os.cpu_count() or 1}
 
@@ -123,11 +124,12 @@ def prim_runner(func: tvm.tirx.PrimFunc):
 
 
 def copy_runner(nbytes: int):
-    """A TVM copy kernel (same default schedule as eOperators) moving `nbytes` (read + write)."""
+    """A TVM copy kernel (scheduled as eOperators are) moving `nbytes` (read + write)."""
     n = max(1024, nbytes // 8 // 1024 * 1024)  # float32 elements copied
     a = te.placeholder((n // 1024, 1024), "float32", name="a")
     b = te.compute(a.shape, lambda i, j: a[i, j], name="copy")
-    return prim_runner(default_cpu_schedule(te.create_prim_func([a, b]), "copy"))
+    func = te.create_prim_func([a, b])
+    return prim_runner(schedule_eoperator(func, eoperator_target(tvm.target.Target(TARGET))))
 
 
 def copy_bandwidth(rounds: int, nbytes: int = 128 << 20) -> Tuple[float, float]:

@@ -58,8 +58,7 @@ from onnx import helper, numpy_helper, shape_inference
 
 from tvm_einweld import machine
 from tvm_einweld.bench.check import compare_outputs
-from tvm_einweld.bench.isolation import (WorkerError, WorkerProcess, bench_threads, error_line,
-                                         machine_cpus, physical_cores)
+from tvm_einweld.bench.isolation import WorkerError, WorkerProcess, bench_threads, error_line
 from tvm_einweld.bench.roofline import graph_cost
 from tvm_einweld.bench.runners import graph_input_names, reference_outputs, with_settings
 from tvm_einweld.bench.timing import Timing, alternate_rounds
@@ -1121,7 +1120,7 @@ def _problems(rows: Sequence[Row]) -> list[str]:
 def _settings(report: Report) -> list[str]:
     lines = ["", "## Runners and thread settings", "",
              f"Every runner in its own worker process (tvm_einweld.bench.isolation), one per "
-             f"runner for the whole run, CPUs {','.join(map(str, machine_cpus()))}; "
+             f"runner for the whole run, CPUs {','.join(map(str, machine.usable_cpus()))}; "
              f"{report.threads} threads for every runtime. Rounds: "
              f"{report.repeats} timed rounds after one warm-up, each about "
              "50 ms of back-to-back calls (at least one), alternating across the runners; "
@@ -1197,7 +1196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started, load_start = time.monotonic(), os.getloadavg()
     log = lambda text: print(text, flush=True)  # noqa: E731
 
-    threads = physical_cores(machine_cpus())
+    threads = machine.physical_cores()
     log(f"extracting kernels from the zoo ({', '.join(ZOO)}) ...")
     kernels = zoo_kernels()
     chosen, not_measured = select(kernels, args.quick, args.rows)

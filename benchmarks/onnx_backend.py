@@ -235,9 +235,9 @@ def machine_line() -> str:
     import onnxruntime
     import tvm
 
-    from tvm_einweld.machine import cpu_model, memory_gib
+    from tvm_einweld.machine import cpu_model, memory_gib, physical_cores
 
-    return (f"{cpu_model()}, {ob.physical_cores()} physical / {os.cpu_count()} logical cores, "
+    return (f"{cpu_model()}, {physical_cores()} physical / {os.cpu_count()} logical cores, "
             f"{memory_gib():.0f} GiB; {platform.system()} {platform.release()}; Python "
             f"{platform.python_version()}, TVM {tvm.__version__}, onnxruntime "
             f"{onnxruntime.__version__}, onnx {onnx.__version__}, numpy {np.__version__}")

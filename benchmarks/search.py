@@ -210,20 +210,13 @@ def compare_programs(original: Expr, derived: Expr, rounds: int):
     """(original s, derived s, derived kernels): an expression without a Relax operator, as
     the TE kernel of its canonical expression, against the instantiated derived program."""
     from tvm_einweld.expr import input_tensors
-    from tvm_einweld.relay_passes.eoperator import emit_eoperator
+    from tvm_einweld.relay_passes.eoperator import eoperator_module
 
-    tensors = input_tensors(original)
-    params = {n: relax.Var(n, relax.TensorType(t.shape, t.dtype))
-              for n, t in sorted(tensors.items())}
-    bb = relax.BlockBuilder()
-    with bb.function("main", list(params.values())):
-        with bb.dataflow():
-            out = bb.emit_output(emit_eoperator(bb, original, params, "original"))
-        bb.emit_func_output(out)
+    mod = eoperator_module(original, "original")
     inst = instantiate(derived)
-    assert list(inst.input_names) == sorted(tensors)
-    args = [tvm.runtime.tensor(a) for a in _inputs(bb.get())]
-    run_o, run_d = build(bb.get(), 0, ""), build(inst.mod, 0, "")
+    assert list(inst.input_names) == sorted(input_tensors(original))
+    args = [tvm.runtime.tensor(a) for a in _inputs(mod)]
+    run_o, run_d = build(mod, 0, ""), build(inst.mod, 0, "")
     ref, got = run_o(*args).numpy(), run_d(*args).numpy()
     if not np.allclose(got, ref, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(ref).max()))):
         raise SystemExit("the derived program differs from the original")

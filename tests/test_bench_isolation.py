@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from tvm_einweld.bench.harness import FAILED, OK, SKIPPED, WRONG, TimingPlan, benchmark_model
-from tvm_einweld.bench.isolation import (THREAD_VARS, WorkerError, WorkerProcess,
-                                         _parse_cpu_list, machine_cpus, physical_cores)
+from tvm_einweld.bench.isolation import THREAD_VARS, WorkerError, WorkerProcess
+from tvm_einweld.machine import _parse_cpu_list, physical_cores, usable_cpus
 from tvm_einweld.bench.runners import (ONNXRUNTIME, OPENVINO, OPENVINO_DEFAULT, Runner,
                                        _prepare_onnxruntime, with_settings)
 
@@ -182,7 +182,7 @@ def test_worker_errors_are_raised_with_the_workers_message(tmp_path) -> None:
     assert worker._proc.returncode == 0  # quit cleanly
 
 
-@pytest.mark.skipif(len(machine_cpus()) < 2 or not hasattr(os, "sched_setaffinity"),
+@pytest.mark.skipif(len(usable_cpus()) < 2 or not hasattr(os, "sched_setaffinity"),
                     reason="needs two CPUs")
 def test_worker_widens_a_cpu_pin_it_would_inherit(tmp_path) -> None:
     """TVM pins the thread that starts its pool to CPU 0; a worker started afterwards must
@@ -194,8 +194,8 @@ def test_worker_widens_a_cpu_pin_it_would_inherit(tmp_path) -> None:
     finally:
         os.sched_setaffinity(0, saved)
     settings = dict(result.result("a").settings)
-    assert settings["seen_cpus"] == str(len(machine_cpus()))
-    assert settings["cpus"] == ",".join(map(str, machine_cpus()))
+    assert settings["seen_cpus"] == str(len(usable_cpus()))
+    assert settings["cpus"] == ",".join(map(str, usable_cpus()))
 
 
 def test_openvino_f32_and_default_precision(tmp_path) -> None:
@@ -225,5 +225,5 @@ def test_unavailable_openvino_is_skipped(tmp_path, monkeypatch) -> None:
 # ---- the machine's cores ----------------------------------------------------------------------
 def test_cpu_lists_and_physical_cores() -> None:
     assert _parse_cpu_list("0-3,6,8-9\n") == [0, 1, 2, 3, 6, 8, 9]
-    assert 1 <= physical_cores() <= len(machine_cpus())
+    assert 1 <= physical_cores() <= len(usable_cpus())
     assert physical_cores([]) == 1

@@ -270,3 +270,34 @@ def test_planted_fault_in_a_scheduled_kernel_is_caught(monkeypatch):
                         lambda x: fast_math.fast_exp(x) * tvm.tirx.const(1.0001, "float32"))
     with pytest.raises(AssertionError):
         check(lambda x: R.exp(x), np.exp, [(3, 37)])
+
+
+@pytest.mark.parametrize("kind", ["injective", "row sum", "contraction", "two stages"])
+def test_eoperator_schedule_computes_bit_for_bit_what_the_function_did(kind):
+    """schedule_eoperator (the injective rule, else each block in place) changes no output's
+    order of operations: its results equal the unscheduled function's exactly."""
+    from tvm_einweld.tir_passes.rules.cpu.memory_bound import schedule_eoperator
+
+    a = te.placeholder((37, 50), name="a")
+    b = te.placeholder((50, 29), name="b")
+    k = te.reduce_axis((0, 50), name="k")
+    if kind == "injective":
+        out = te.compute((50, 37), lambda i, j: a[j, i] * 2.0 + 1.0, name="out")
+    elif kind == "row sum":
+        out = te.compute((37,), lambda i: te.sum(a[i, k] * a[i, k], axis=k), name="out")
+    elif kind == "contraction":
+        out = te.compute((37, 29), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="out")
+    else:  # a reduction feeding an element-wise stage: not inlinable, scheduled block by block
+        s = te.compute((37,), lambda i: te.sum(a[i, k], axis=k), name="s")
+        out = te.compute((37, 50), lambda i, j: a[i, j] - s[i], name="out")
+    func = te.create_prim_func([a, b, out])
+    arrays = [RNG.standard_normal((37, 50)).astype("float32"),
+              RNG.standard_normal((50, 29)).astype("float32")]
+    results = []
+    for f in (func, schedule_eoperator(func, TARGET)):
+        lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), TARGET)
+        args = [tvm.runtime.tensor(x) for x in arrays]
+        args.append(tvm.runtime.empty([int(d) for d in out.shape], "float32"))
+        lib["main"](*args)
+        results.append(args[-1].numpy())
+    np.testing.assert_array_equal(results[0], results[1])

@@ -8,8 +8,9 @@ from tvm import relax
 from conftest import run_vm
 from tvm_einweld.expr import Expr, Iterator, Tensor, canonical, evaluate, random_inputs
 from tvm_einweld.relay_passes import build, instantiate
-from tvm_einweld.relay_passes.eoperator import eoperator_func
-from tvm_einweld.relay_passes.op_cost import kernel_intensity
+from tvm_einweld.relay_passes.eoperator import eoperator_func, eoperator_target
+from tvm_einweld.relay_passes.op_cost import EOP_MAX_INTENSITY, kernel_intensity
+from tvm_einweld.tir_passes.rules.cpu import vector_isa
 
 
 def run_and_compare(expr, **options):
@@ -21,20 +22,25 @@ def run_and_compare(expr, **options):
 
 
 def test_default_schedule_parallel_vectorised_and_correct():
-    # An OffsetReduce-like sum over shifted reads of a padded tensor; inner extents 96 (split
-    # by 16), 7 (short: vectorised whole) and 101 (long, no divisor: serial, unfused).
+    # An OffsetReduce-like sum over shifted reads of a padded tensor; inner extents 96 and 101
+    # (vector chunks as wide as the target's registers, the chunks a padding condition cuts
+    # left scalar) and 7 (every chunk holds a padding edge: scalar throughout). Tall enough
+    # (512 rows) to be worth parallel tasks; run on 4 rows.
+    lanes_wide = str(vector_isa(eoperator_target()).lanes("float32"))
     for width in (96, 7, 101):
-        t = Tensor("T", (3, 3, 4, width))
-        f, y, x = Iterator("f", 0, 4), Iterator("y", 0, 4), Iterator("x", 0, width)
-        r, s = Iterator("r", 0, 3), Iterator("s", 0, 3)
-        body = t.with_pad(((0, 0), (0, 0), (1, 1), (1, 1)))[r.var, s.var, y.var + r.var - 1,
-                                                           x.var + s.var - 1]
-        expr = Expr((f, y, x), (r, s), body * 1.0 + 0.0)
-        text = eoperator_func(expr, "OffsetReduce", ["T"]).script()
+        def offset_reduce(rows):
+            t = Tensor("T", (3, 3, rows, width))
+            f, y, x = Iterator("f", 0, 4), Iterator("y", 0, rows), Iterator("x", 0, width)
+            r, s = Iterator("r", 0, 3), Iterator("s", 0, 3)
+            body = t.with_pad(((0, 0), (0, 0), (1, 1), (1, 1)))[r.var, s.var, y.var + r.var - 1,
+                                                               x.var + s.var - 1]
+            return Expr((f, y, x), (r, s), body * 1.0 + 0.0)
+
+        text = eoperator_func(offset_reduce(512), "OffsetReduce", ["T"]).script()
         assert "T.parallel" in text
         lanes = re.findall(r"T\.vectorized\((?:T\.int\d+\()?(\d+)", text)
-        assert lanes == ([] if width == 101 else [str(16 if width == 96 else width)] * 2)
-        inst = run_and_compare(expr)
+        assert lanes == ([] if width == 7 else [lanes_wide] * 3)
+        inst = run_and_compare(offset_reduce(4))
         assert inst.kernels == (("eOperator", "Kernel"),)
 
 
@@ -68,10 +74,10 @@ def test_batch_matmul_with_transposed_operand():
 def test_memory_bound_expressions_become_named_eoperators():
     a = Tensor("A", (4, 6, 5))
     expr = canonical.permute_dims(a, (2, 0, 1))
-    assert kernel_intensity(expr) < 4
+    assert kernel_intensity(expr) < EOP_MAX_INTENSITY
     inst = run_and_compare(expr)
     assert inst.kernels == (("eOperator", "DLT"),)
-    small = canonical.matmul(Tensor("P", (2, 3)), Tensor("Q", (3, 2)))  # intensity < 4
+    small = canonical.matmul(Tensor("P", (2, 3)), Tensor("Q", (3, 2)))  # memory-bound
     assert [k for k, _ in run_and_compare(small).kernels] == ["eOperator"]
     assert [k for k, _ in run_and_compare(small, threshold=0).kernels] == ["matmul"]
 

@@ -12,10 +12,11 @@ from tvm import relax
 from tvm_einweld import machine
 from tvm_einweld.expr import Iterator, Tensor
 from tvm_einweld.expr import canonical as C
-from tvm_einweld.expr.expression import Expr, input_tensors
+from tvm_einweld.expr.expression import Expr
 from tvm_einweld.relay_passes import op_cost
 from tvm_einweld.relay_passes.op_cost import (
-    Kernel, arithmetic_intensity, bytes_moved, eop_seconds, is_memory_bound, program_seconds,
+    EOP_MAX_INTENSITY, Kernel, arithmetic_intensity, bytes_moved, call_tir_intensity, eop_seconds,
+    is_memory_bound, kernel_intensity, program_seconds,
 )
 
 
@@ -76,7 +77,7 @@ def test_bytes_and_intensity():
     a, b = Tensor("A", (32, 64)), Tensor("B", (64, 16))
     mm = C.matmul(a, b)
     assert bytes_moved(mm) == 4 * (32 * 64 + 64 * 16 + 32 * 16)
-    assert not is_memory_bound(mm) and arithmetic_intensity(mm) > 4
+    assert not is_memory_bound(mm) and arithmetic_intensity(mm) > EOP_MAX_INTENSITY
     t = C.permute_dims(Tensor("T", (8, 16, 32)), (2, 0, 1))
     assert is_memory_bound(t)
     assert bytes_moved(t) == 2 * 4 * 8 * 16 * 32
@@ -103,17 +104,35 @@ CALIBRATION = {
 
 
 def _eoperator_module(expr: Expr):
-    from tvm_einweld.relay_passes.eoperator import emit_eoperator
+    from tvm_einweld.relay_passes.eoperator import eoperator_module
 
-    tensors = input_tensors(expr)
-    params = {n: relax.Var(n, relax.TensorType(t.shape, t.dtype))
-              for n, t in sorted(tensors.items())}
-    bb = relax.BlockBuilder()
-    with bb.function("main", list(params.values())):
-        with bb.dataflow():
-            out = bb.emit_output(emit_eoperator(bb, expr, params, "eop"))
-        bb.emit_func_output(out)
-    return bb.get()
+    return eoperator_module(expr)
+
+
+def test_one_kernel_scores_the_same_in_every_form():
+    """One intensity (cost_model): an expression, the same expression about to be instantiated,
+    the PrimFunc it is instantiated as, and the ONNX node of the same operation agree."""
+    from onnx import TensorProto, helper
+
+    from tvm_einweld.bench.roofline import graph_cost
+
+    for expr in (C.matmul(Tensor("P", (8, 12)), Tensor("Q", (12, 6))), _offset_reduce(6, 5, 4)):
+        mod = _eoperator_module(expr)
+        (binding,) = [b for b in mod["main"].body.blocks[0].bindings
+                      if isinstance(b.value, relax.Call)]
+        call = binding.value
+        in_call = call_tir_intensity(mod[call.args[0]], list(call.args[1].fields),
+                                     binding.var.ty)
+        assert in_call == pytest.approx(arithmetic_intensity(expr))
+        assert kernel_intensity(expr) == pytest.approx(arithmetic_intensity(expr))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["P", "Q"], ["Y"])], "mm",
+        [helper.make_tensor_value_info("P", TensorProto.FLOAT, [8, 12]),
+         helper.make_tensor_value_info("Q", TensorProto.FLOAT, [12, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [8, 6])])
+    onnx_intensity = graph_cost(helper.make_model(graph)).intensity()
+    matmul = C.matmul(Tensor("P", (8, 12)), Tensor("Q", (12, 6)))
+    assert onnx_intensity == pytest.approx(arithmetic_intensity(matmul))
 
 
 def test_eoperator_estimate_against_real_timings(record_property, capsys):

@@ -15,9 +15,28 @@ the same program on every run, with or without a cache, whatever else the machin
 The figures are not this machine's speed (NOMINAL_GHZ and NOMINAL_BYTES_PER_CYCLE below are
 round figures of current server cores); only their ratio steers choices, and it is the same
 for every compile.
+
+Arithmetic intensity and the memory-bound test are defined here, once, for every caller (the
+instantiation of expressions, the eOperator estimate, the search's roofline, the benchmark
+report's graph roofline):
+
+    intensity = FLOPs / bytes of compulsory traffic        (FLOPs per byte)
+    FLOPs     = 2 per iteration point of a summation (a multiply-add: the summand and the
+                accumulation), 1 per point of anything else   (`point_flops`)
+    bytes     = every input the kernel reads, read once, plus its output, written once
+    memory-bound  <=>  intensity < MEMORY_BOUND_INTENSITY  (1 FLOP/byte: EinNet §5's 4 FLOPs
+                                                            per float32 element moved)
+
+The FLOP count is the roofline's usual one (a GEMM's 2*M*N*K), taken per iteration point so
+that it can be read off any representation of a kernel: an expression's iterators, a
+PrimFunc's blocks, an ONNX node's shapes. Body operations beyond the multiply-add are not
+counted: on a memory-bound kernel they overlap with its loads, and they cannot be counted
+alike in every representation (counting them is how one kernel came to score differently
+in each).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,6 +48,25 @@ NOMINAL_GHZ = 3.0
 # Copy bandwidth per core per cycle, read + write, from DRAM (measured 4.1 on this project's
 # 2-core VMs: 24.6 GB/s at ~3 GHz) and from each cache level (L2 ~2.5x, L1 ~2.8x DRAM).
 NOMINAL_BYTES_PER_CYCLE = {"DRAM": 4.0, "L2": 10.0, "L1": 11.0}
+
+
+# FLOPs per byte below which a kernel's time is its memory traffic (module docstring).
+MEMORY_BOUND_INTENSITY = 1.0
+
+
+def point_flops(points: int, summation: bool) -> int:
+    """FLOPs of `points` iteration points: 2 each in a summation (a multiply-add), else 1."""
+    return points * (2 if summation else 1)
+
+
+def intensity(flops: float, nbytes: float) -> float:
+    """Arithmetic intensity: FLOPs per byte of compulsory traffic (module docstring)."""
+    return flops / nbytes if nbytes > 0 else math.inf
+
+
+def memory_bound(flops: float, nbytes: float) -> bool:
+    """The memory-bound test: `intensity` below `MEMORY_BOUND_INTENSITY`."""
+    return intensity(flops, nbytes) < MEMORY_BOUND_INTENSITY
 
 
 @dataclass(frozen=True)

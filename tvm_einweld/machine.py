@@ -17,7 +17,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
@@ -41,47 +41,51 @@ def cpu_model() -> str:
 
 
 def cpu_cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """How many CPUs this process may run on (`usable_cpus()`, SMT siblings included)."""
+    return len(usable_cpus())
 
 
 def usable_cpus() -> List[int]:
-    """The CPUs this process may be scheduled on: the cgroup's cpuset where there is one,
-    else the online CPUs. Not the calling thread's affinity mask, which TVM's thread pool
-    narrows to one CPU when it starts."""
-    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"):
-        try:
-            return _parse_cpu_list(Path(path).read_text())
-        except (OSError, ValueError):
-            continue
-    return list(range(os.cpu_count() or 1))
+    """The CPUs this process may be scheduled on: the online CPUs within the cgroup's cpuset
+    (all online CPUs where there is no cpuset). Not the calling thread's affinity mask, which
+    TVM's thread pool narrows to one CPU when it starts. The one definition: the threads
+    module, the benchmark harness and the pipeline's target all read it."""
+    try:
+        cpus = _parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text())
+    except (OSError, ValueError):
+        cpus = list(range(os.cpu_count() or 1))
+    try:
+        allowed = set(_parse_cpu_list(Path("/sys/fs/cgroup/cpuset.cpus.effective").read_text()))
+        cpus = [c for c in cpus if c in allowed] or cpus
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 def _parse_cpu_list(text: str) -> List[int]:
+    """The kernel's CPU list format: "0-3,6,8-9" (a trailing newline or empty part is fine)."""
     cpus: List[int] = []
     for part in text.strip().split(","):
-        lo, _, hi = part.partition("-")
-        cpus += range(int(lo), int(hi or lo) + 1)
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus += range(int(lo), int(hi or lo) + 1)
     if not cpus:
         raise ValueError("empty CPU list")
     return cpus
 
 
-def physical_cores() -> int:
-    """Physical cores among `usable_cpus()` (SMT siblings counted once), from the kernel's
-    CPU topology; the usable CPU count where topology is not readable."""
-    allowed = usable_cpus()
+def physical_cores(cpus: Optional[Sequence[int]] = None) -> int:
+    """Physical cores among `cpus` (default `usable_cpus()`): distinct (package, core) pairs
+    of the kernel's CPU topology, so SMT siblings count once; a CPU whose topology is not
+    readable counts as a core of its own. At least 1."""
     cores = set()
-    for cpu in allowed:
-        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    for cpu in usable_cpus() if cpus is None else cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            cores.add(((topo / "physical_package_id").read_text().strip(),
-                       (topo / "core_id").read_text().strip()))
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
         except OSError:
-            return len(allowed)
+            cores.add(("cpu", str(cpu)))
     return max(1, len(cores))
 
 
@@ -159,17 +163,26 @@ def is_busy(load: Optional[float], logical_cpus: Optional[int] = None) -> bool:
     return load is not None and load >= 0.5 * cpus
 
 
+def fastest(samples: Iterable[float]) -> float:
+    """The statistic of every time the package compares or caches (a kernel's cost in the
+    pipeline, a tuning candidate's run time, a machine peak): the fastest sample.
+
+    The minimum, not the median: other processes on a shared machine only ever add time, so
+    the fastest sample is the closest to the kernel's own time, and a cached time must not
+    keep one unlucky sample. (Paired comparisons add a sign test over alternating rounds,
+    `tir_passes.measure.compare_modules`; benchmarks report medians, `bench.timing`, since
+    they report what a user sees rather than choose.)"""
+    return min(samples)
+
+
 def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0.01,
                  budget: float = 2.0) -> float:
-    """The fastest of `repeats` samples of `fn` (each looped for at least `min_time`), with
-    fewer samples once they have taken `budget` seconds in all.
-
-    The minimum, not the median: other processes on a shared machine only ever add time, and
-    a peak or a cached kernel time must not keep one unlucky sample. The budget matters for
-    untuned kernels that take seconds per call, where one sample is already precise.
-    """
+    """Seconds per call of `fn`: the `fastest` of `repeats` samples (each the mean of
+    back-to-back calls looped for at least `min_time`), with fewer samples once they have
+    taken `budget` seconds in all. The budget matters for untuned kernels that take seconds
+    per call, where one sample is already precise."""
     fn()  # warm up: page faults, BLAS thread start
-    best, spent = float("inf"), 0.0
+    samples, spent = [], 0.0
     for _ in range(repeats):
         loops, start = 0, time.perf_counter()
         while True:
@@ -178,11 +191,11 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0
             elapsed = time.perf_counter() - start
             if elapsed >= min_time:
                 break
-        best = min(best, elapsed / loops)
+        samples.append(elapsed / loops)
         spent += elapsed
         if spent >= budget:
             break
-    return best
+    return fastest(samples)
 
 
 # --- measured decisions, kept on disk ------------------------------------------------------

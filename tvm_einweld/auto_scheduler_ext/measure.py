@@ -18,6 +18,7 @@ from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 from tvm.target import Target
 
+from ..machine import fastest
 from .build_fn import build_cpu_kernel
 from .strategies import args_info
 
@@ -92,11 +93,10 @@ def build_and_run(
     return results  # type: ignore[return-value]
 
 
-def median_secs(result: RunnerResult) -> Optional[float]:
-    """Median measured run time, or None for a failed candidate."""
+def run_seconds(result: RunnerResult) -> Optional[float]:
+    """A candidate's run time: the `machine.fastest` of its measured repeats (the statistic
+    of every time the package compares), or None for a failed candidate."""
     if result.error_msg is not None or not result.run_secs:
         return None
-    secs = sorted(float(s) for s in result.run_secs)
-    mid = len(secs) // 2
-    value = secs[mid] if len(secs) % 2 else 0.5 * (secs[mid - 1] + secs[mid])
+    value = fastest(float(s) for s in result.run_secs)
     return None if value >= FAILED_SECS else value

@@ -38,7 +38,7 @@ from tvm.target import Target
 
 from .check import ProgramChecker
 from .features import StrategyFeatureExtractor
-from .measure import FAILED_SECS, PooledBuilder, build_and_run, median_secs
+from .measure import FAILED_SECS, PooledBuilder, build_and_run, run_seconds
 from .selectors import FixedStrategy, RoundOutcome, StrategySelector
 from .strategies import Strategy, args_info, derive_programs, tagged_workload
 
@@ -120,7 +120,7 @@ def _replay(record) -> MeasureCandidate:
 
 
 def _commit(database, workload, sch: s_tir.Schedule, result: RunnerResult, target) -> None:
-    secs = median_secs(result)
+    secs = run_seconds(result)
     run_secs = [float(s) for s in result.run_secs] if secs is not None else [FAILED_SECS]
     database.commit_tuning_record(
         ms.database.TuningRecord(sch.trace, workload, run_secs, target, args_info(sch))
@@ -135,7 +135,7 @@ def _resume(database, ctx, model, extractor, task_name: str):
     done = len(deployed_records) + len(_records_of(database, tagged_workload(ctx.mod, REJECTED)))
     best_secs, best_trace = None, None
     for r in deployed_records:
-        secs = median_secs(RunnerResult(r.run_secs, None))
+        secs = run_seconds(RunnerResult(r.run_secs, None))
         if secs is not None and (best_secs is None or secs < best_secs):
             best_secs, best_trace = secs, r.trace
     measured = deployed_records + training_records
@@ -206,7 +206,7 @@ class _Round:
     @property
     def failures(self) -> int:
         """Programs that failed to build or run."""
-        return sum(median_secs(r) is None for kind in self.kinds for r in self.results[kind])
+        return sum(run_seconds(r) is None for kind in self.kinds for r in self.results[kind])
 
 
 def _cost_model(extractor: StrategyFeatureExtractor, num_warmup_samples: int,
@@ -260,7 +260,7 @@ def _record(task: _Task, done: _Round, best_secs: Optional[float], best_trace: O
     rejected one), the others under their strategy's. Returns the best seconds and trace and
     the round's best deployable seconds."""
     deployed = task.deployed
-    deployable = [(median_secs(r), d.for_strategy(deployed)) for d, r in zip(done.derived, done.results[deployed])]
+    deployable = [(run_seconds(r), d.for_strategy(deployed)) for d, r in zip(done.derived, done.results[deployed])]
     best_secs, best_trace, rejected = _new_best(deployable, best_secs, best_trace, task.checker, task.name)
     database = task.database
     for kind in done.kinds:

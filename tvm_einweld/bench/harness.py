@@ -22,11 +22,10 @@ from typing import Callable, Optional, Sequence, Union
 
 import onnx
 
-from ..machine import load_average
+from ..machine import load_average, physical_cores
 from ..models import random_inputs
 from .check import compare_outputs
-from .isolation import (InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line,
-                        machine_cpus, physical_cores)
+from .isolation import InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line
 from .roofline import GraphCost, graph_cost
 from .runners import RUNNERS, Runner, reference_outputs
 from .timing import Timing, alternate_rounds
@@ -96,7 +95,7 @@ class TimingPlan:
     call_timeout: float = 600.0  # seconds any other request may take, at least
 
     def thread_count(self) -> int:
-        return self.threads or physical_cores(machine_cpus())
+        return self.threads or physical_cores()
 
 
 def _open(runner: Runner, plan: TimingPlan, log_dir: Path) -> Handle:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..machine import physical_cores, usable_cpus
 from .timing import calls_per_sample, local_sampler
 
 # Thread-count variables every worker gets (each runtime reads its own). The runtime options
@@ -65,46 +66,7 @@ serve(replies)
 """
 
 
-# ---- the machine's cores ----------------------------------------------------------------------
-def _parse_cpu_list(text: str) -> list[int]:
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            cpus.extend(range(int(lo), int(hi) + 1))
-        elif part:
-            cpus.append(int(part))
-    return cpus
-
-
-def machine_cpus() -> list[int]:
-    """The CPUs benchmarks may use: the online ones within this cgroup's cpuset. Not this
-    process's affinity, which TVM narrows to CPU 0 once its pool has started."""
-    try:
-        cpus = _parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text())
-    except (OSError, ValueError):
-        cpus = list(range(os.cpu_count() or 1))
-    try:
-        allowed = set(_parse_cpu_list(Path("/sys/fs/cgroup/cpuset.cpus.effective").read_text()))
-        cpus = [c for c in cpus if c in allowed] or cpus
-    except (OSError, ValueError):
-        pass
-    return cpus
-
-
-def physical_cores(cpus: Optional[Sequence[int]] = None) -> int:
-    """Distinct (package, core) pairs among `cpus`: hyper-threads count once."""
-    cores = set()
-    for cpu in cpus if cpus is not None else machine_cpus():
-        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            cores.add(((topology / "physical_package_id").read_text().strip(),
-                       (topology / "core_id").read_text().strip()))
-        except OSError:
-            cores.add(("cpu", str(cpu)))
-    return max(1, len(cores))
-
-
+# ---- threads ------------------------------------------------------------------------------
 def bench_threads() -> int:
     """Threads a runtime should use: what the harness gave this worker, else the physical
     cores (a runner prepared outside the harness)."""
@@ -324,7 +286,7 @@ class WorkerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "wb")
         env = {**os.environ, **thread_environment(threads), **(environment or {}),
-               _CPUS_VAR: ",".join(map(str, cpus if cpus is not None else machine_cpus())),
+               _CPUS_VAR: ",".join(map(str, cpus if cpus is not None else usable_cpus())),
                _PATH_VAR: json.dumps([os.path.abspath(p) if p else os.getcwd()
                                       for p in sys.path])}
         boot = f"# tvm_einweld bench worker {name}\n{_BOOT}"  # what `ps` shows

@@ -1,7 +1,10 @@
 """How far a latency is from the machine's roofline, from the ONNX graph's FLOPs and bytes.
 
-FLOPs count a multiply-add as 2 for the contractions (Conv, ConvTranspose, MatMul, Gemm,
-Einsum) and 1 per output element for everything else except pure data movement.
+FLOPs and intensity follow the package's one convention (`cost_model`: 2 FLOPs per point of a
+summation, 1 per point otherwise, over bytes of compulsory traffic), read off each node's
+shapes: 2 per multiply-add of the contractions (Conv, ConvTranspose, MatMul, Gemm, Einsum), 2
+per input element of the Reduce* family and GlobalAveragePool, 1 per element (of the largest
+operand) for everything else except pure data movement, which is free.
 Two byte counts are kept:
 - `min_bytes`: graph inputs + weights + outputs, each touched once. No schedule can move
   less, so it is the memory side of the roofline bound.
@@ -11,13 +14,13 @@ The bound is max(FLOPs / sgemm peak, min_bytes / copy bandwidth); distance = lat
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from ..cost_model import intensity, point_flops
 from ..machine import MachineInfo
 
 _MOVEMENT_OPS = {"Reshape", "Transpose", "Gather", "Concat", "Split", "Flatten", "Squeeze",
@@ -35,8 +38,8 @@ class GraphCost:
                    self.min_bytes / (machine.copy_gbs * 1e9))
 
     def intensity(self) -> float:
-        """FLOPs per compulsory byte; below the machine balance the model is memory-bound."""
-        return self.flops / self.min_bytes if self.min_bytes else math.inf
+        """`cost_model.intensity`: FLOPs per byte of `min_bytes`."""
+        return intensity(self.flops, self.min_bytes)
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -68,7 +71,7 @@ def _einsum_flops(equation: str, shapes: list[tuple[int, ...]]) -> float:
         if "." in term:
             raise ValueError("Einsum with ellipsis is not counted")
         sizes.update(zip(term, shape))
-    return 2.0 * _numel(tuple(sizes.values()))
+    return float(point_flops(_numel(tuple(sizes.values())), summation=True))
 
 
 def node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> float:
@@ -77,21 +80,23 @@ def node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> floa
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if node.op_type == "Conv":
         w = ins[1]  # (Cout, Cin/group, kh, kw): each output element sums Cin/group*kh*kw terms
-        return 2.0 * _numel(out) * _numel(w[1:])
+        return float(point_flops(_numel(out) * _numel(w[1:]), summation=True))
     if node.op_type == "ConvTranspose":
         x, w = ins[0], ins[1]  # every input element scatters into Cout/group*kh*kw outputs
-        return 2.0 * _numel(x) * _numel(w[1:])
+        return float(point_flops(_numel(x) * _numel(w[1:]), summation=True))
     if node.op_type == "MatMul":
-        return 2.0 * _numel(out) * ins[0][-1]
+        return float(point_flops(_numel(out) * ins[0][-1], summation=True))
     if node.op_type == "Gemm":
         k = ins[0][0] if attrs.get("transA", 0) else ins[0][-1]
-        return 2.0 * _numel(out) * k
+        return float(point_flops(_numel(out) * k, summation=True))
     if node.op_type == "Einsum":
         return _einsum_flops(attrs["equation"].decode() if isinstance(attrs["equation"], bytes)
                              else attrs["equation"], ins)
+    if node.op_type.startswith("Reduce") or node.op_type == "GlobalAveragePool":
+        return float(point_flops(_numel(ins[0]), summation=True))
     if node.op_type in _MOVEMENT_OPS:
         return 0.0
-    return float(max([_numel(s) for s in ins] + [_numel(out)]))
+    return float(point_flops(max([_numel(s) for s in ins] + [_numel(out)]), summation=False))
 
 
 def graph_cost(model: onnx.ModelProto) -> GraphCost:

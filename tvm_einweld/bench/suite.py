@@ -17,8 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from ..models import get_model
 from .harness import ModelResult, TimingPlan, benchmark_model
-from .isolation import machine_cpus
-from ..machine import describe_machine, is_busy, load_average
+from ..machine import describe_machine, is_busy, load_average, usable_cpus
 from .report import SuiteResult
 from .runners import RUNNERS, Runner
 
@@ -85,10 +84,10 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
     def result(notes_now: list[str]) -> SuiteResult:
         load_now = load_average()
         busiest = max([x for x in (load, load_now) if x is not None], default=None)
-        if is_busy(busiest, len(machine_cpus())):
+        if is_busy(busiest, len(usable_cpus())):
             notes_now = notes_now + [
                 f"the machine was busy (1-min load up to {busiest:.1f} on "
-                f"{len(machine_cpus())} CPUs): latencies read high and spreads wide; "
+                f"{len(usable_cpus())} CPUs): latencies read high and spreads wide; "
                 "measure again on an idle machine before quoting them"]
         return SuiteResult(
             command=command or " ".join(shlex.quote(a) for a in sys.argv),

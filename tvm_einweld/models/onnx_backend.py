@@ -47,6 +47,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..machine import physical_cores
+
 # The suites of `onnx/backend/test/data` this module serves, in listing order.
 SUITES: tuple[str, ...] = ("light", "pytorch-converted", "pytorch-operator")
 
@@ -488,19 +490,6 @@ def compare_outputs(got: Sequence[np.ndarray], reference: Sequence[np.ndarray], 
     if len(got) != len(reference):
         pairs.append((f"{len(got)} outputs for {len(reference)}", np.zeros(1), np.zeros(2)))
     return compare_arrays(pairs, str(np.asarray(reference[0]).dtype), what)
-
-
-def physical_cores() -> int:
-    """Physical cores (not hyper-threads) this machine has, for onnxruntime's thread pool."""
-    try:
-        import psutil  # pylint: disable=import-outside-toplevel
-
-        count = psutil.cpu_count(logical=False)
-        if count:
-            return int(count)
-    except ImportError:
-        pass
-    return os.cpu_count() or 1
 
 
 def onnxruntime_session(model: onnx.ModelProto, optimize: bool = True,

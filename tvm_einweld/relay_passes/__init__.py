@@ -22,8 +22,9 @@ Modules, one idea each:
   instantiate            expressions → Relax (matmul, conv2d, G2BMM kernel, eOperators)
   cases                  the paper's motivating derivations as fixed rule sequences
   search                 distance-guided derivation search (explorative + converging)
-  op_cost                costs of candidates (timed operators, eOperators by traffic) and
-                         the one definition of memory-bound (EOP_MAX_INTENSITY)
+  op_cost                costs of candidates (timed operators, eOperators by traffic),
+                         FLOPs and bytes of expressions and kernels (the intensity and
+                         memory-bound test themselves: `cost_model`)
   candidates             candidate programs: emitters, subprogram modules, result types
   derivation_transform   DerivationTransform, the Relax module pass (Algorithm 1)
   rewrite_log            RewriteLog, a PassContext instrument logging every rewrite as JSON

@@ -2,7 +2,7 @@
 
 * A predefined operator (any Relax call: conv2d, matmul, a `call_dps_packed` provider, ...) is
   timed on the target: compiled once alone in a function as the pipeline builds kernels, run
-  in a few rounds, the best kept (other processes only add time); with `measure=False` it is
+  in a few rounds, the fastest kept (`machine.fastest`); with `measure=False` it is
   estimated by the roofline at nominal peaks instead (`estimate_call`). Times are cached on
   disk under `machine.cache_dir()`, keyed by operator, argument shapes/dtypes, attributes and
   target, so each distinct call is measured once per machine.
@@ -14,30 +14,22 @@
 * A program's cost is the sum of its kernels' times, eOperators included
   (`program_kernels` lists the kernels of a candidate's module with their times).
 
-Memory-bound, defined once: arithmetic intensity is FLOPs per element moved (EinNet §5's
-strength analysis), and a computation is memory-bound when it is below `EOP_MAX_INTENSITY`
-(4). Below it, time is traffic: that is why an eOperator may be costed from bytes moved, and
-why only compute-bound expressions are worth matching to a predefined operator. The intensity
-is taken of what is in hand at each point, against the one threshold:
+Memory-bound: arithmetic intensity and the memory-bound test are defined once, in
+`cost_model` (FLOPs per byte of compulsory traffic; 2 FLOPs per point of a summation, 1 per
+point otherwise; below 1 FLOP/byte, EinNet §5's 4 FLOPs per float32 element, is memory-bound).
+Below it, time is traffic: that is why an eOperator may be costed from bytes moved, and why
+only compute-bound expressions are worth matching to a predefined operator. This module only
+reads the FLOPs and bytes off what is in hand, so that one kernel scores the same whichever
+form it is seen in:
 
-* `arithmetic_intensity` / `is_memory_bound`, of an expression level (`levels`), for the
-  roofline and the search's distance: every body operation at every point of the iteration
-  space (plus the addition of a summation) over every element read and written, nested scopes
-  written and read back once;
+* `arithmetic_intensity` / `is_memory_bound`, of an expression (a level of `levels`, for the
+  roofline and the search's distance; nested scopes are written and read back once);
 * `kernel_intensity`, of an expression about to be instantiated as one kernel
-  (`instantiate.Instantiator`): a multiply-add (2 FLOPs) per point of a summation, one
-  operation per point otherwise, over the output and the sources read directly (a scope
-  counted as the tensor it materialises);
+  (`instantiate.Instantiator`): its top level, scopes read as the tensors they materialise;
 * `call_tir_intensity` / `is_memory_bound_call`, of an instantiated eOperator (a PrimFunc
-  called by `call_tir`): one operation per point of its blocks' iteration domains over the
-  call's tensors, read and written once; an eOperator that is not memory-bound by it has no
-  bandwidth estimate (`program_kernels` refuses it: EinNet maps compute-bound expressions to
-  predefined operators or not at all).
-
-The three agree on what is clearly memory-bound (layout changes, element-wise chains,
-OffsetReduce) and clearly compute-bound (matmuls, convolutions of real size); they differ in
-how they count the operations of a body, so they are kept apart rather than made one number:
-replacing one by another would move expressions near the threshold across it.
+  called by `call_tir`, FLOPs counted over its blocks, `kernel_flops`); an eOperator that is
+  not memory-bound by it has no bandwidth estimate (`program_kernels` refuses it: EinNet maps
+  compute-bound expressions to predefined operators or not at all).
 """
 from __future__ import annotations
 
@@ -50,14 +42,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import machine
-from ..cost_model import Peaks, measured_peaks
+from ..cost_model import (MEMORY_BOUND_INTENSITY, Peaks, intensity, measured_peaks,
+                          memory_bound, point_flops)
 from ..machine import best_seconds
 from ..expr import index as ix
 from ..expr.expression import (
-    Access, Expr, Scope, Tensor, accesses, input_tensors, map_accesses, scopes,
+    Access, Expr, Scope, Tensor, input_tensors, map_accesses, scopes,
 )
 
-EOP_MAX_INTENSITY = 4.0  # FLOPs per element moved; EinNet §5's threshold (module docstring)
+EOP_MAX_INTENSITY = MEMORY_BOUND_INTENSITY  # instantiation's default threshold, FLOPs per byte
 
 
 @dataclass(frozen=True)
@@ -99,49 +92,29 @@ def bytes_moved(expr: Expr) -> int:
 
 
 def flops(expr: Expr) -> int:
-    """Arithmetic operations of an expression: body operations per point of its iteration
-    space (at least one per point), summed over it and its scopes."""
+    """FLOPs of an expression by `cost_model.point_flops` (2 per point of a summation, 1 per
+    point otherwise), summed over it and its scopes."""
     def level(e: Expr) -> int:
-        points = int(np.prod([it.extent for it in e.iterators], dtype=np.int64))
-        ops = max(1, _count_ops(e.body) + (1 if e.sums else 0))
-        return points * ops
+        return point_flops(math.prod(it.extent for it in e.iterators), bool(e.sums))
 
     return level(expr) + sum(level(s.expr) for s in set(scopes(expr)))
 
 
-def _count_ops(s) -> int:
-    from ..expr.expression import BinaryOp, UnaryOp
-
-    if isinstance(s, BinaryOp):
-        return 1 + _count_ops(s.lhs) + _count_ops(s.rhs)
-    if isinstance(s, UnaryOp):
-        return 1 + _count_ops(s.arg)
-    return 0
-
-
 @lru_cache(maxsize=65536)
 def arithmetic_intensity(expr: Expr) -> float:
-    """FLOPs (`flops`) per element moved (`bytes_moved`, in elements of `expr`'s dtype): the
-    roofline's intensity of an expression level (see the module docstring)."""
-    itemsize = np.dtype(expr.dtype).itemsize
-    return flops(expr) / max(1, bytes_moved(expr) // itemsize)
+    """`cost_model.intensity` of an expression: `flops` per byte of `bytes_moved`."""
+    return intensity(flops(expr), bytes_moved(expr))
 
 
 def is_memory_bound(expr: Expr) -> bool:
-    """`arithmetic_intensity(expr)` below `EOP_MAX_INTENSITY`."""
-    return arithmetic_intensity(expr) < EOP_MAX_INTENSITY
+    """`cost_model.memory_bound` of an expression (`flops`, `bytes_moved`)."""
+    return memory_bound(flops(expr), bytes_moved(expr))
 
 
 def kernel_intensity(expr: Expr) -> float:
-    """FLOPs per element moved of `expr` instantiated as one kernel, what instantiation decides
-    on (see the module docstring): the sources this level reads directly (tensors, and scopes
-    as the tensors they materialise) read once, the output written once."""
-    points = math.prod(it.extent for it in expr.iterators)
-    ops = 2 * points if expr.sums else points
-    sources = {(a.source.name if isinstance(a.source, Tensor) else id(a.source)): a.source.shape
-               for a in accesses(expr.body)}
-    elements = math.prod(expr.shape) + sum(math.prod(shape) for shape in sources.values())
-    return ops / max(1, elements)
+    """The intensity of `expr` instantiated as one kernel, what instantiation decides on: that
+    of its top level, which reads the scopes as the tensors they materialise (`levels`)."""
+    return arithmetic_intensity(levels(expr)[-1])
 
 
 def eop_seconds(expr: Expr, peaks: Optional[Peaks] = None) -> float:
@@ -260,16 +233,20 @@ def single_call_module(call):
     return bb.get()
 
 
-def iteration_points(func) -> int:
-    """Iteration points of a PrimFunc: the sum over its blocks of their iteration domains."""
+def kernel_flops(func) -> int:
+    """FLOPs of a PrimFunc by `cost_model.point_flops`: over its blocks, 2 per iteration point
+    of a block with a reduction axis, 1 per point of any other; a block that reads nothing (a
+    reduction's initialisation, a fill) does no arithmetic."""
     from tvm import s_tir
     from tvm_ffi import structural_walk
 
     total = [0]
 
     def visit(block) -> None:
-        if len(block.iter_vars):
-            total[0] += int(np.prod([int(iv.dom.extent) for iv in block.iter_vars]))
+        if len(block.iter_vars) and len(block.reads):
+            points = math.prod(int(iv.dom.extent) for iv in block.iter_vars)
+            total[0] += point_flops(points, any(int(iv.iter_type) != 0
+                                                for iv in block.iter_vars))
 
     structural_walk(func, [(s_tir.SBlock, visit)])
     return total[0]
@@ -281,32 +258,28 @@ def call_bytes(inputs: Sequence, output_ty) -> int:
 
 
 def call_tir_intensity(func, inputs: Sequence, output_ty) -> float:
-    """Operations per element moved of a `call_tir` of PrimFunc `func` on `inputs` (Relax
-    tensors) into a tensor of type `output_ty`: one operation per iteration point of its
-    blocks (`iteration_points`) over `call_bytes`, in elements of the output's dtype (see
-    the module docstring)."""
-    itemsize = np.dtype(str(output_ty.dtype)).itemsize
-    return iteration_points(func) * itemsize / call_bytes(inputs, output_ty)
+    """`cost_model.intensity` of a `call_tir` of PrimFunc `func` on `inputs` (Relax tensors)
+    into a tensor of type `output_ty`: `kernel_flops` per byte of `call_bytes`."""
+    return intensity(kernel_flops(func), call_bytes(inputs, output_ty))
 
 
 def is_memory_bound_call(func, inputs: Sequence, output_ty) -> bool:
-    """`call_tir_intensity` below `EOP_MAX_INTENSITY`."""
-    return call_tir_intensity(func, inputs, output_ty) < EOP_MAX_INTENSITY
+    """`cost_model.memory_bound` of a `call_tir` (`kernel_flops`, `call_bytes`)."""
+    return memory_bound(kernel_flops(func), call_bytes(inputs, output_ty))
 
 
 def estimate_call(call, peaks: Peaks) -> float:
     """A predefined operator's time by the roofline alone, nothing compiled or run: its
-    legalised PrimFunc's iteration points (a multiply-add, 2 FLOPs, per point; an upper
-    bound for element-wise work) at `peaks.flops`, or its bytes in and out at
+    legalised PrimFuncs' `kernel_flops` at `peaks.flops`, or its bytes in and out at
     `peaks.bandwidth`, whichever is longer."""
     import tvm
     from tvm import relax
 
     mod = relax.transform.LegalizeOps()(single_call_module(call))
-    points = sum(iteration_points(f) for _, f in mod.functions.items()
-                 if isinstance(f, tvm.tirx.PrimFunc))
+    work = sum(kernel_flops(f) for _, f in mod.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc))
     moved = call_bytes(_tensor_inputs(call), call.ty)
-    return max(2 * points / peaks.flops, moved / peaks.bandwidth)
+    return max(work / peaks.flops, moved / peaks.bandwidth)
 
 
 def measure_call(call, target: str = "llvm", repeats: int = 5) -> float:
@@ -387,9 +360,9 @@ def program_kernels(mod, target, peaks: Optional[Peaks] = None) -> Tuple[Kernel,
                 if not memory_bound and not folded:
                     # The bandwidth estimate only holds for memory-bound kernels; EinNet maps
                     # compute-bound expressions to predefined operators or not at all.
-                    intensity = call_tir_intensity(func, tensors, binding.var.ty)
+                    score = call_tir_intensity(func, tensors, binding.var.ty)
                     raise NotImplementedError(
-                        f"{label} is compute-bound ({intensity:.1f} FLOPs/element); no "
+                        f"{label} is compute-bound ({score:.2f} FLOPs/byte); no "
                         f"predefined operator matched it")
                 seconds = 0.0 if folded else eop_seconds_from_bytes(moved, peaks)
                 kernels.append(Kernel(label, seconds, False))
@@ -423,6 +396,6 @@ __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_inte
            "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes",
            "measure_module", "measure_modules", "measured_comparison", "best_seconds", "call_key",
            "time_call", "measure_call", "static_shape", "tensor_nbytes", "single_call_module",
-           "EOP_MAX_INTENSITY", "levels", "roofline_seconds", "iteration_points", "estimate_call",
+           "EOP_MAX_INTENSITY", "levels", "roofline_seconds", "kernel_flops", "estimate_call",
            "kernel_intensity", "call_bytes", "call_tir_intensity", "is_memory_bound_call",
            "program_kernels"]

@@ -1,10 +1,16 @@
 """Building, timing and checking kernels of a tile-graph on the target ("d.Profile" of Fig. 7).
 
-`time_kernel` builds one PrimFunc and reports its median run time; `check_group` runs a fused
+`time_kernel` builds one PrimFunc and reports its run time; `check_group` runs a fused
 kernel and the group's original PrimFuncs (TVM's own unscheduled build) on the same random inputs
 and compares the outputs, so a fused kernel is only kept when it computes what the graph did. The
 inputs and the comparison are verify's (`verify.inputs`, `verify.random_testing`), the ones every
 other check of the package uses, so "equal" means one thing everywhere.
+
+Every time measured here for the pipeline to compare (`time_kernel`, `time_alone`,
+`measure_modules`) is the fastest of its samples (`machine.fastest`, where the choice is
+argued), so a tile kernel and the analytic kernel it competes with are held to one statistic;
+`compare_modules` answers a different question (is one module reliably faster than another?)
+with medians of paired rounds and a sign test.
 """
 from __future__ import annotations
 
@@ -45,12 +51,13 @@ def group_arrays(graph: TileGraph, sub: SubGraph, seed: int = 0) -> list[np.ndar
 
 def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
                 min_repeat_ms: int = 5, repeat: int = 3) -> float:
-    """Median seconds of one call of `func` (params: sub.inputs, then sub.output), measured
-    once per (kernel, target, package version) and cached on disk (`machine.cached`), so a
-    model compiled again makes the same tile choices."""
+    """Seconds of one call of `func` (params: sub.inputs, then sub.output): the fastest of
+    `repeat` samples, each the mean of calls looped for at least `min_repeat_ms` (TVM's
+    time_evaluator). Measured once per (kernel, target, package version) and cached on disk
+    (`machine.cached`), so a model compiled again makes the same tile choices."""
     from tvm_ffi import structural_hash
 
-    from ..machine import cached, code_version
+    from ..machine import cached, code_version, fastest
 
     def measure() -> float:
         lib = build(func, target)
@@ -60,7 +67,7 @@ def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
         args.append(tvm.runtime.empty(out.shape, out.dtype, dev))
         timer = lib.mod.time_evaluator("main", dev, number=1, repeat=repeat,
                                        min_repeat_ms=int(min_repeat_ms))
-        return float(np.median(timer(*args).results))
+        return float(fastest(timer(*args).results))
 
     key = f"{code_version()}|{tvm.target.Target(target)}|kernel|{structural_hash(func)}"
     return float(cached(key, measure))
@@ -99,10 +106,11 @@ def module_rounds(mods, target, rounds: int = 5) -> list[list[float]]:
 
 
 def measure_modules(mods, target, repeats: int = 5) -> list[float]:
-    """Seconds of each module (see `module_rounds`): its best round, since other processes
-    only ever add time."""
+    """Seconds of each module (see `module_rounds`): the `machine.fastest` of its rounds."""
+    from ..machine import fastest
+
     rounds = module_rounds(mods, target, repeats)
-    return [min(r[k] for r in rounds) for k in range(len(mods))]
+    return [fastest(r[k] for r in rounds) for k in range(len(mods))]
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,18 @@ exp/erf/tanh/sigmoid calls are then rewritten into the vectorisable formulas of 
 (stated error bounds there); unclaimed functions keep their libm calls. The module pass that
 applies every CPU rule family is `rules.cpu.ApplyCPURules`.
 
+`schedule_eoperator(func, target)` schedules an eOperator (a kernel compiled from an expression,
+`relay_passes.eoperator`; memory-bound but for the G2BMM kernel, which Relax has no operator
+for): with the injective rule where it claims the function, else with the same loop nest
+(`injective.schedule_spatial_block`; `parallel_rows` for a contraction) on every block where it
+stands, and marked scheduled (`tirx.is_scheduled`) as every rule's output is.
+
 Correctness: each rule only applies TensorIR schedule primitives (see the rules' docstrings), and
 the fast-math rewrite replaces a call by a formula with a tested error bound; nothing else in a
-function changes.
+function changes. An eOperator gets neither the fast-math rewrite nor the reduction rule's
+rfactor (which re-associates a sum): its schedule only reorders, splits, fuses, vectorises and
+parallelises spatial loops, so every output is computed by the same operations in the same
+order as the unscheduled function.
 """
 from __future__ import annotations
 
@@ -19,7 +28,8 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .fast_math import rewrite_fast_math
-from .injective import schedule_injective
+from .injective import (DATA_PAR, CpuParams, block_bytes, cpu_params, is_gemm_like,
+                        loops_match_iters, schedule_injective, schedule_spatial_block)
 from .reduction import schedule_reduction
 
 Rule = Callable[[tirx.PrimFunc, Target], Optional[s_tir.Schedule]]
@@ -53,3 +63,37 @@ def schedule_memory_bound(func: tirx.PrimFunc, target: Target, fast_math: bool =
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
     return bool(func.attrs is not None and "tirx.is_scheduled" in func.attrs
                 and int(func.attrs["tirx.is_scheduled"]) == 1)
+
+
+def schedule_eoperator(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
+    """The scheduled `func` of an eOperator (see the module docstring). The injective rule when
+    it claims `func` (intermediates inlined: one pass over memory); otherwise (a row
+    reduction, a small contraction or G2BMM kernel, stages that feed each other) each block
+    in its own loop nest: `schedule_spatial_block`, or `parallel_rows` for a contraction,
+    whose vector lanes would gather one operand at every step of the reduction (a G2BMM
+    kernel ran 2x slower so). Both only need the loops to be the block's axes in order (true
+    of every `te.create_prim_func`); a block that is not so is left as it is."""
+    sch = schedule_injective(func, target)
+    if sch is None:
+        sch = s_tir.Schedule(func)
+        params = cpu_params(target)
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            if not loops_match_iters(sch, block):
+                continue
+            if is_gemm_like(sch.get(block)):
+                parallel_rows(sch, block, params)
+            else:
+                schedule_spatial_block(sch, block, params)
+    # Marked like every rule's output: later passes (ApplyCPURules, TileGraphFusion, tuning)
+    # leave it as it is; a Schedule over a loop_partition'd function would not even be valid.
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def parallel_rows(sch: s_tir.Schedule, block, params: CpuParams) -> None:
+    """Spatial axes but the innermost fused into one parallel loop (when the block moves
+    enough bytes for more than one task); the innermost spatial axis and the reduction stay
+    serial, so each output is one contiguous dot product in its original order."""
+    kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+    rows = [lp for lp, k in zip(sch.get_loops(block), kinds) if k == DATA_PAR][:-1]
+    if rows and params.tasks(block_bytes(sch.get(block))) > 1:
+        sch.parallel(sch.fuse(*rows) if len(rows) > 1 else rows[0])
