@@ -41,6 +41,7 @@ evidence, estimated and measured times; so does every `RewriteLog` instrument of
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import time
 import warnings
@@ -54,8 +55,10 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.target import Target
 
+from .. import machine
 from ..cost_model import peaks_for
 from ..expr.expression import Expr
+from ..expr.from_relax import expr_of_call
 from ..expr.fingerprint import structurally_equal
 from ..verify.random_testing import compare_relax
 from . import numpy_gemm
@@ -128,6 +131,10 @@ class DerivationTransform:
         self.measured_attempts = max(1, measured_attempts)
         self.last_results: Tuple[SubprogramResult, ...] = ()
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
+        # Search outcomes of this pass object by operator signature (`_op_signature`), and the
+        # signatures whose "no winner" decision was written to the decision cache.
+        self._searched: Dict[tuple, tuple] = {}
+        self._recorded: set = set()
 
     def transform_module(self, mod: tvm.IRModule, ctx: Optional[tvm.transform.PassContext] = None
                          ) -> tvm.IRModule:
@@ -270,23 +277,71 @@ class DerivationTransform:
                 self.target.kind.name == "llvm" and \
                 numpy_gemm.supports(*op.args):
             candidates.append(self._program("numpy_gemm", op, gemm_emit(op)))
-        stats, best = None, ()
         if not op.expr.sums:
             # No summation: an element-wise or layout operator is memory-bound as it stands;
             # derivations (EinNet §4) gain on reductions, so the search is not run for it.
             return OpResult(op, tuple(candidates), candidates[0], None,
                             ("no summation: nothing to derive",))
+        signature = _op_signature(op)
+        disk_key = self._decision_key(signature)
+        if signature in self._searched:
+            # The same computation on other tensors (a repeated layer): its derived candidates
+            # are this operator's with the tensor names translated, so it is not searched again.
+            first, derived, stats, found_notes, best = self._searched[signature]
+            candidates += [replace(p, emit=_renamed_emit(p.emit, first.names, op.names))
+                           for p in derived]
+            notes += list(found_notes) + [f"search shared with {first.var.name} (same "
+                                          f"computation, other tensors)"]
+        elif disk_key is not None and machine.cached_value(disk_key) == _NO_WINNER:
+            return OpResult(op, tuple(candidates), candidates[0], None,
+                            ("search skipped: a compile before found no derived candidate "
+                             f"{self.min_speedup:g}x cheaper than this operator (decision "
+                             "cache)",))
+        else:
+            derived, stats, best, found_notes = self._search_op(op)
+            self._searched[signature] = (op, tuple(derived), stats, tuple(found_notes), best)
+            candidates += derived
+            notes += found_notes
+        chosen = self.choose(candidates)
+        if chosen is candidates[0] and disk_key is not None and \
+                signature not in self._recorded:
+            # The search's outcome cannot change the program: record it so that the next
+            # compile of this computation skips the search (and repeats this decision).
+            self._recorded.add(signature)
+            machine.cached(disk_key, lambda: _NO_WINNER)
+        return OpResult(op, tuple(candidates), chosen, stats, tuple(notes), best)
+
+    def _search_op(self, op: OpNode):
+        """(derived candidates, search statistics, best state per depth, notes) of `op`."""
+        notes: List[str] = []
+        stats, best, derived = None, (), []
         try:
             result = self.search(op.expr)
             stats = result.stats
             best = tuple((s.depth, roofline_seconds(s.expr, self.peaks), s.rules)
                          for s in result.best_per_depth if s is not None)
             notes += [f"rule error: {e}" for e in stats.rule_errors[:3]]
-            candidates += self._derived(op, result, notes)
+            derived = self._derived(op, result, notes)
         except Exception as err:  # the search is an optimisation: failing it keeps the op
             notes.append(f"search failed: {type(err).__name__}: {err}")
-        return OpResult(op, tuple(candidates), self.choose(candidates), stats, tuple(notes),
-                        best)
+        return derived, stats, best, notes
+
+    def _decision_key(self, signature) -> Optional[str]:
+        """The decision-cache key of an operator's search outcome: the package version (rules
+        and kernels change with the code), the target, every setting the outcome depends on,
+        and the operator's computation with canonical tensor names; None when a user-given
+        rule set or target set makes the outcome unnameable."""
+        if self.rules is not None or self.targets is not None:
+            return None
+        expr, constant = signature
+        b = self.budget
+        settings = (f"depth {b.max_depth} states {b.max_states} limit {b.time_limit_s:g} "
+                    f"seed {b.seed} speedup {self.min_speedup:g} inst "
+                    f"{self.max_instantiations} providers {self.providers} "
+                    f"measure {self.measure}")
+        digest = hashlib.blake2b(repr(expr).encode(), digest_size=16).hexdigest()
+        return (f"{machine.code_version()}|{self.target}|derivation search|{settings}|"
+                f"{digest}|{''.join('c' if c else 'v' for c in constant)}")
 
     def choose(self, candidates: Sequence[Program]) -> Program:
         """The cheapest candidate whose estimated speedup over the original (candidates[0])
@@ -384,6 +439,34 @@ class DerivationTransform:
         if self.log is None and not active_logs():
             return
         write_records([r.to_json(detail=True) for r in results], self.log)
+
+
+_NO_WINNER = "no derived candidate wins"
+
+
+def _op_signature(op: OpNode) -> Tuple[Expr, Tuple[bool, ...]]:
+    """What an operator's search outcome depends on: its canonical expression with its tensors
+    named by argument position (the first position that reads a value names it, so an
+    operator reading one value twice keeps that), and which arguments are constants (a
+    kernel reading only constants is free: FoldConstant evaluates it at compile time). Two
+    operators with equal signatures compute the same function of their arguments, so a
+    derived program of one is one of the other with the tensor names translated."""
+    first: Dict[str, str] = {}
+    for k, name in enumerate(op.names):
+        first.setdefault(name, f"in{k}")
+    expr = expr_of_call(op.call, [first[n] for n in op.names])
+    return expr, tuple(isinstance(a, Constant) for a in op.args)
+
+
+def _renamed_emit(emit: Emit, names: Sequence[str], new_names: Sequence[str]) -> Emit:
+    """`emit` (which reads the values of tensors `names`) reading the values of `new_names`
+    instead, position by position."""
+    mapping = dict(zip(names, new_names))
+
+    def renamed(bb: relax.BlockBuilder, values: Mapping[str, relax.Expr]) -> relax.Expr:
+        return emit(bb, {**values, **{old: values[new] for old, new in mapping.items()}})
+
+    return renamed
 
 
 def _bound(emit: Emit, sub: Subprogram) -> Callable[[relax.BlockBuilder], relax.Expr]:
