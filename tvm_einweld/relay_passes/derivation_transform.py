@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import logging
 import time
 import warnings
@@ -66,7 +67,7 @@ from .candidates import (
     Emit, OpResult, Program, Providers, SubprogramResult, derived_emit, gemm_emit, merged_emits,
     original_emit, subprogram_inputs, subprogram_module, unchanged_result,
 )
-from .op_cost import program_kernels, roofline_seconds, static_shape
+from .op_cost import flops, program_kernels, roofline_seconds, static_shape
 from .derivation import Rule
 from .registry import default_rules
 from .rewrite_log import active_logs, write_records
@@ -89,7 +90,12 @@ class DerivationTransform:
     found by derivation search (EinNet); see the module docstring for what and why.
 
     Parameters: `max_depth`, `max_states`, `time_limit_s` (per operator) and `seed` bound the
-    search; `rules` / `targets` override the rule set (`registry.default_rules`) and the
+    search; `search_budget_s` is the search time of a whole module, split over its distinct
+    operators by FLOPs, each getting between `min_search_s` and `time_limit_s`
+    (`_search_limits`); operators computing the same function of their arguments share one
+    search, and one whose search found nothing cheaper is recorded in the decision cache
+    (`machine.cached`, keyed by its computation, the target, these settings and the package
+    version) and not searched again; `rules` / `targets` override the rule set (`registry.default_rules`) and the
     converging targets; `target` (a `tvm.target.Target`, or the string or dict one is made
     from) is where candidates are timed and verified; `min_speedup` is the estimated gain a rewrite
     needs (0 applies the cheapest alternative whatever it costs, for testing);
@@ -114,9 +120,13 @@ class DerivationTransform:
                  providers: bool = False, verify_trials: int = 2,
                  log: Union[None, str, Path, list] = None,
                  confirm_by_measurement: bool = True, measured_attempts: int = 3,
-                 measure: bool = True) -> None:
+                 measure: bool = True, search_budget_s: float = 20.0,
+                 min_search_s: float = 0.25) -> None:
         self.budget = Budget(max_depth=max_depth, max_states=max_states,
                              time_limit_s=time_limit_s if measure else float("inf"), seed=seed)
+        self.search_budget_s = search_budget_s
+        self.min_search_s = min(min_search_s, time_limit_s)
+        self._limits: Dict[tuple, float] = {}  # search seconds per operator signature
         self.measure = measure
         self.target = target if isinstance(target, Target) else Target(target)
         self.peaks = peaks_for(self.target, measure)
@@ -162,6 +172,8 @@ class DerivationTransform:
             return mod, ()
         splits = split_module(mod)
         total = sum(len(split.subprograms) for split in splits.values())
+        self._limits = self._search_limits(
+            [op for split in splits.values() for sub in split.subprograms for op in sub.ops])
         for fname, split in splits.items():
             replacements: Dict[relax.Var, Callable] = {}
             for sub in split.subprograms:
@@ -298,7 +310,7 @@ class DerivationTransform:
                              f"{self.min_speedup:g}x cheaper than this operator (decision "
                              "cache)",))
         else:
-            derived, stats, best, found_notes = self._search_op(op)
+            derived, stats, best, found_notes = self._search_op(op, signature)
             self._searched[signature] = (op, tuple(derived), stats, tuple(found_notes), best)
             candidates += derived
             notes += found_notes
@@ -311,12 +323,48 @@ class DerivationTransform:
             machine.cached(disk_key, lambda: _NO_WINNER)
         return OpResult(op, tuple(candidates), chosen, stats, tuple(notes), best)
 
-    def _search_op(self, op: OpNode):
-        """(derived candidates, search statistics, best state per depth, notes) of `op`."""
+    def _search_limits(self, ops: Sequence[OpNode]) -> Dict[tuple, float]:
+        """Seconds of search per distinct operator signature still to be searched (with
+        summations, not decided by the decision cache): the module's `search_budget_s` split
+        in proportion to their FLOPs (a derived program saves at most the operator's own time,
+        which grows with them), each share within [`min_search_s`, `time_limit_s`]; shares
+        above the per-operator limit go to the others (water-filling). Empty when the search
+        is bounded by states alone (`measure=False`): there, time plays no part."""
+        if not math.isfinite(self.budget.time_limit_s):
+            return {}
+        weights: Dict[tuple, float] = {}
+        for op in ops:
+            if not op.expr.sums:
+                continue
+            signature = _op_signature(op)
+            key = self._decision_key(signature)
+            if signature in weights or (key is not None and
+                                        machine.cached_value(key) == _NO_WINNER):
+                continue
+            weights[signature] = float(max(1, flops(op.expr)))
+        limits: Dict[tuple, float] = {}
+        budget, open_ = self.search_budget_s, dict(weights)
+        while open_:
+            total = sum(open_.values())
+            capped = {s for s, w in open_.items()
+                      if budget * w / total >= self.budget.time_limit_s}
+            if not capped:
+                for s, w in open_.items():
+                    limits[s] = max(self.min_search_s, budget * w / total)
+                break
+            for s in capped:
+                limits[s] = self.budget.time_limit_s
+                budget -= self.budget.time_limit_s
+                del open_[s]
+        return limits
+
+    def _search_op(self, op: OpNode, signature: tuple):
+        """(derived candidates, search statistics, best state per depth, notes) of `op`,
+        searched for its share of the module's budget (`_search_limits`)."""
         notes: List[str] = []
         stats, best, derived = None, (), []
         try:
-            result = self.search(op.expr)
+            result = self.search(op.expr, self._limits.get(signature))
             stats = result.stats
             best = tuple((s.depth, roofline_seconds(s.expr, self.peaks), s.rules)
                          for s in result.best_per_depth if s is not None)
@@ -336,6 +384,7 @@ class DerivationTransform:
         expr, constant = signature
         b = self.budget
         settings = (f"depth {b.max_depth} states {b.max_states} limit {b.time_limit_s:g} "
+                    f"budget {self.search_budget_s:g} min {self.min_search_s:g} "
                     f"seed {b.seed} speedup {self.min_speedup:g} inst "
                     f"{self.max_instantiations} providers {self.providers} "
                     f"measure {self.measure}")
@@ -398,13 +447,16 @@ class DerivationTransform:
         llvm = self.target.kind.name == "llvm"
         return self.target if self.providers and llvm else None
 
-    def search(self, expr: Expr) -> SearchResult:
-        """The distance-guided search from `expr` with the pass's rules, targets and budget,
-        states ranked by their roofline estimate."""
+    def search(self, expr: Expr, time_limit_s: Optional[float] = None) -> SearchResult:
+        """The distance-guided search from `expr` with the pass's rules, targets and budget
+        (its time limit replaced by `time_limit_s` when given), states ranked by their
+        roofline estimate."""
         rules = self.rules if self.rules is not None else default_rules()
         targets = self.targets if self.targets is not None else default_targets()
         rank = functools.partial(roofline_seconds, peaks=self.peaks)
-        return distance_guided_search(expr, rules, targets, self.budget, rank=rank, cost=rank)
+        budget = self.budget if time_limit_s is None else \
+            replace(self.budget, time_limit_s=time_limit_s)
+        return distance_guided_search(expr, rules, targets, budget, rank=rank, cost=rank)
 
     def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None
                  ) -> Program:
