@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import logging
+import math
 import time
 import warnings
 from dataclasses import replace
@@ -95,10 +95,11 @@ class DerivationTransform:
     (`_search_limits`); operators computing the same function of their arguments share one
     search, and one whose search found nothing cheaper is recorded in the decision cache
     (`machine.cached`, keyed by its computation, the target, these settings and the package
-    version) and not searched again; `rules` / `targets` override the rule set (`registry.default_rules`) and the
-    converging targets; `target` (a `tvm.target.Target`, or the string or dict one is made
-    from) is where candidates are timed and verified; `min_speedup` is the estimated gain a rewrite
-    needs (0 applies the cheapest alternative whatever it costs, for testing);
+    version) and not searched again, so its next compile repeats the decision; `rules` /
+    `targets` override the rule set (`registry.default_rules`) and the converging targets;
+    `target` (a `tvm.target.Target`, or the string or dict one is made from) is where
+    candidates are timed and verified; `min_speedup` is the estimated gain a rewrite needs
+    (0 applies the cheapest alternative whatever it costs, for testing);
     `max_instantiations` caps derived candidates per operator; `providers` enables the
     numpy GEMM provider (a Python callback; off by default); `log` is a JSON-lines path or
     a list receiving one record per subprogram; `confirm_by_measurement` times a verified
