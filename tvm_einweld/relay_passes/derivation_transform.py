@@ -325,24 +325,20 @@ class DerivationTransform:
         return OpResult(op, tuple(candidates), chosen, stats, tuple(notes), best)
 
     def _search_limits(self, ops: Sequence[OpNode]) -> Dict[tuple, float]:
-        """Seconds of search per distinct operator signature still to be searched (with
-        summations, not decided by the decision cache): the module's `search_budget_s` split
-        in proportion to their FLOPs (a derived program saves at most the operator's own time,
-        which grows with them), each share within [`min_search_s`, `time_limit_s`]; shares
-        above the per-operator limit go to the others (water-filling). Empty when the search
-        is bounded by states alone (`measure=False`): there, time plays no part."""
+        """Seconds of search per distinct operator signature with summations: the module's
+        `search_budget_s` split in proportion to their FLOPs (a derived program saves at most
+        the operator's own time, which grows with them), each share within [`min_search_s`,
+        `time_limit_s`]; shares above the per-operator limit go to the others
+        (water-filling). Operators the decision cache has decided keep their share unused, so
+        an operator searched again gets the time it got in the first compile (and, up to the
+        machine's speed, the same outcome). Empty when the search is bounded by states alone
+        (`measure=False`): there, time plays no part."""
         if not math.isfinite(self.budget.time_limit_s):
             return {}
         weights: Dict[tuple, float] = {}
         for op in ops:
-            if not op.expr.sums:
-                continue
-            signature = _op_signature(op)
-            key = self._decision_key(signature)
-            if signature in weights or (key is not None and
-                                        machine.cached_value(key) == _NO_WINNER):
-                continue
-            weights[signature] = float(max(1, flops(op.expr)))
+            if op.expr.sums:
+                weights.setdefault(_op_signature(op), float(max(1, flops(op.expr))))
         limits: Dict[tuple, float] = {}
         budget, open_ = self.search_budget_s, dict(weights)
         while open_:
