@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 from tvm_ffi import structural_equal
@@ -260,3 +261,69 @@ def test_fastest_measured_rewrite_is_kept_not_the_estimates_favourite():
     tried.clear()
     result = transform.optimise_subprogram(Sub())
     assert not result.applied and result.ops[0].chosen is original
+
+
+def two_matmul_layers():
+    """Two layers computing the same function (same shapes, constant weights) on different
+    tensors, cut apart by an activation."""
+    x = relax.Var("x", relax.TensorType((32, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            m1 = bb.emit(relax.op.matmul(x, _const(64, 64)))
+            r1 = bb.emit(relax.op.tanh(m1))
+            m2 = bb.emit(relax.op.matmul(r1, _const(64, 64)))
+            out = bb.emit_output(bb.emit(relax.op.tanh(m2)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """An empty decision cache of this test only (on disk and in memory)."""
+    from tvm_einweld import machine
+
+    monkeypatch.setenv("TVM_EINWELD_CACHE", str(tmp_path))
+    monkeypatch.setattr(machine, "_TIMES", {})
+    return tmp_path
+
+
+def test_repeated_layers_are_searched_once_and_no_winner_is_cached(private_cache):
+    """The second layer reuses the first one's search (same computation, other tensors); a
+    search that found nothing cheaper is recorded in the decision cache, so a later compile
+    skips it and makes the same (unchanged) choice."""
+    mod = two_matmul_layers()
+    # No derived program can be 1e9x cheaper: the original is kept whatever the search finds.
+    options = dict(SMALL, min_speedup=1e9, confirm_by_measurement=False)
+    transform = DerivationTransform(**options)
+    out = transform(mod)
+    first, second = (r.ops[0] for r in transform.last_results)
+    assert first.stats is not None and first.chosen is first.original
+    assert any("search shared" in n for n in second.notes)
+    assert len(second.candidates) == len(first.candidates)
+    assert structural_equal(out, mod)
+
+    again = DerivationTransform(**options)
+    again(mod)
+    for result in again.last_results:
+        op = result.ops[0]
+        assert op.stats is None and op.chosen is op.original
+        assert any("decision cache" in n for n in op.notes)
+
+
+def test_a_shared_search_still_rewrites_each_layer_correctly(private_cache):
+    """Forced rewrites (min_speedup=0) of two equal convolutions: the second one's candidates
+    come from the first one's search, emitted on its own tensors, and the module stays
+    correct."""
+    mod = conv_relu_conv(channels=4, size=8)
+    transform = DerivationTransform(max_depth=7, max_states=300, time_limit_s=8.0,
+                                    max_instantiations=4, min_speedup=0,
+                                    confirm_by_measurement=False)
+    out = transform(mod)
+    first, second = (r.ops[0] for r in transform.last_results)
+    assert any("search shared" in n for n in second.notes)
+    assert [c.rules for c in first.candidates] == [c.rules for c in second.candidates]
+    assert all(r.applied for r in transform.last_results), \
+        [r.verification for r in transform.last_results]
+    assert second.chosen.label == "derived"
+    assert_same_results(mod, out)

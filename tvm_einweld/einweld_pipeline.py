@@ -150,6 +150,7 @@ class EinweldOptimize:
                     self.derivation = DerivationTransform(**options)
                     mod = self.derivation(mod)  # checked whole inside the pass
                     self.checks += self.derivation.checks
+            derived = mod
             with clock("legalize and fuse (stock)"):
                 mod = tvm.transform.Sequential([
                     relax.transform.DecomposeOpsForInference(),
@@ -158,8 +159,11 @@ class EinweldOptimize:
                 ])(mod)
             if self.fuse:
                 with clock("tile-graph fusion"):
-                    options = {} if self.measure else {"measure": False,
-                                                       "device": nominal_device(target)}
+                    # Fused groups are checked against the module before stock legalisation,
+                    # whose build and outputs the derivation's check (or the final one) uses.
+                    options = {"reference": derived}
+                    if not self.measure:
+                        options.update(measure=False, device=nominal_device(target))
                     self.fusion = TileGraphFusion(target, **{**options, **self.fuse_options})
                     mod = self.fusion(mod)  # checked whole inside the pass
                     self.checks += self.fusion.checks

@@ -228,13 +228,23 @@ def cached(key: str, measure: Callable[[], object]) -> object:
     cores the load is rarely below 1, and a dropped time would be measured again, differently).
     Keys name what was timed, the target and the package version (callers build them)."""
     if key not in _TIMES:
-        stored = _load_times()
-        if key in stored:
-            _TIMES[key] = stored[key]
-        else:
+        # One read brings in every stored decision, so later keys are found in memory (the
+        # file holds thousands of entries; reading it per key cost ~25 ms each). A key still
+        # missing is looked up on disk again first: another process may have stored it since.
+        for stored_key, value in _load_times().items():
+            _TIMES.setdefault(stored_key, value)
+        if key not in _TIMES:
             _TIMES[key] = measure()
             _store_time(key, _TIMES[key])
     return _TIMES[key]
+
+
+def cached_value(key: str) -> Optional[object]:
+    """The value `cached` holds for `key` (in memory or on disk), or None: nothing measured."""
+    if key not in _TIMES:
+        for stored_key, value in _load_times().items():
+            _TIMES.setdefault(stored_key, value)
+    return _TIMES.get(key)
 
 
 def _load_times() -> Dict[str, object]:

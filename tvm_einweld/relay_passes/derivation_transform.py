@@ -41,7 +41,9 @@ evidence, estimated and measured times; so does every `RewriteLog` instrument of
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+import math
 import time
 import warnings
 from dataclasses import replace
@@ -54,8 +56,10 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.target import Target
 
+from .. import machine
 from ..cost_model import peaks_for
 from ..expr.expression import Expr
+from ..expr.from_relax import expr_of_call
 from ..expr.fingerprint import structurally_equal
 from ..verify.random_testing import compare_relax
 from . import numpy_gemm
@@ -63,7 +67,7 @@ from .candidates import (
     Emit, OpResult, Program, Providers, SubprogramResult, derived_emit, gemm_emit, merged_emits,
     original_emit, subprogram_inputs, subprogram_module, unchanged_result,
 )
-from .op_cost import program_kernels, roofline_seconds, static_shape
+from .op_cost import flops, program_kernels, roofline_seconds, static_shape
 from .derivation import Rule
 from .registry import default_rules
 from .rewrite_log import active_logs, write_records
@@ -86,10 +90,16 @@ class DerivationTransform:
     found by derivation search (EinNet); see the module docstring for what and why.
 
     Parameters: `max_depth`, `max_states`, `time_limit_s` (per operator) and `seed` bound the
-    search; `rules` / `targets` override the rule set (`registry.default_rules`) and the
-    converging targets; `target` (a `tvm.target.Target`, or the string or dict one is made
-    from) is where candidates are timed and verified; `min_speedup` is the estimated gain a rewrite
-    needs (0 applies the cheapest alternative whatever it costs, for testing);
+    search; `search_budget_s` is the search time of a whole module, split over its distinct
+    operators by FLOPs, each getting between `min_search_s` and `time_limit_s`
+    (`_search_limits`); operators computing the same function of their arguments share one
+    search, and one whose search found nothing cheaper is recorded in the decision cache
+    (`machine.cached`, keyed by its computation, the target, these settings and the package
+    version) and not searched again, so its next compile repeats the decision; `rules` /
+    `targets` override the rule set (`registry.default_rules`) and the converging targets;
+    `target` (a `tvm.target.Target`, or the string or dict one is made from) is where
+    candidates are timed and verified; `min_speedup` is the estimated gain a rewrite needs
+    (0 applies the cheapest alternative whatever it costs, for testing);
     `max_instantiations` caps derived candidates per operator; `providers` enables the
     numpy GEMM provider (a Python callback; off by default); `log` is a JSON-lines path or
     a list receiving one record per subprogram; `confirm_by_measurement` times a verified
@@ -111,9 +121,13 @@ class DerivationTransform:
                  providers: bool = False, verify_trials: int = 2,
                  log: Union[None, str, Path, list] = None,
                  confirm_by_measurement: bool = True, measured_attempts: int = 3,
-                 measure: bool = True) -> None:
+                 measure: bool = True, search_budget_s: float = 20.0,
+                 min_search_s: float = 0.25) -> None:
         self.budget = Budget(max_depth=max_depth, max_states=max_states,
                              time_limit_s=time_limit_s if measure else float("inf"), seed=seed)
+        self.search_budget_s = search_budget_s
+        self.min_search_s = min(min_search_s, time_limit_s)
+        self._limits: Dict[tuple, float] = {}  # search seconds per operator signature
         self.measure = measure
         self.target = target if isinstance(target, Target) else Target(target)
         self.peaks = peaks_for(self.target, measure)
@@ -128,6 +142,10 @@ class DerivationTransform:
         self.measured_attempts = max(1, measured_attempts)
         self.last_results: Tuple[SubprogramResult, ...] = ()
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
+        # Search outcomes of this pass object by operator signature (`_op_signature`), and the
+        # signatures whose "no winner" decision was written to the decision cache.
+        self._searched: Dict[tuple, tuple] = {}
+        self._recorded: set = set()
 
     def transform_module(self, mod: tvm.IRModule, ctx: Optional[tvm.transform.PassContext] = None
                          ) -> tvm.IRModule:
@@ -155,6 +173,8 @@ class DerivationTransform:
             return mod, ()
         splits = split_module(mod)
         total = sum(len(split.subprograms) for split in splits.values())
+        self._limits = self._search_limits(
+            [op for split in splits.values() for sub in split.subprograms for op in sub.ops])
         for fname, split in splits.items():
             replacements: Dict[relax.Var, Callable] = {}
             for sub in split.subprograms:
@@ -270,23 +290,104 @@ class DerivationTransform:
                 self.target.kind.name == "llvm" and \
                 numpy_gemm.supports(*op.args):
             candidates.append(self._program("numpy_gemm", op, gemm_emit(op)))
-        stats, best = None, ()
         if not op.expr.sums:
             # No summation: an element-wise or layout operator is memory-bound as it stands;
             # derivations (EinNet §4) gain on reductions, so the search is not run for it.
             return OpResult(op, tuple(candidates), candidates[0], None,
                             ("no summation: nothing to derive",))
+        signature = _op_signature(op)
+        disk_key = self._decision_key(signature)
+        if signature in self._searched:
+            # The same computation on other tensors (a repeated layer): its derived candidates
+            # are this operator's with the tensor names translated, so it is not searched again.
+            first, derived, stats, found_notes, best = self._searched[signature]
+            candidates += [replace(p, emit=_renamed_emit(p.emit, first.names, op.names))
+                           for p in derived]
+            notes += list(found_notes) + [f"search shared with {first.var.name} (same "
+                                          f"computation, other tensors)"]
+        elif disk_key is not None and machine.cached_value(disk_key) == _NO_WINNER:
+            return OpResult(op, tuple(candidates), candidates[0], None,
+                            ("search skipped: a compile before found no derived candidate "
+                             f"{self.min_speedup:g}x cheaper than this operator (decision "
+                             "cache)",))
+        else:
+            derived, stats, best, found_notes = self._search_op(op, signature)
+            self._searched[signature] = (op, tuple(derived), stats, tuple(found_notes), best)
+            candidates += derived
+            notes += found_notes
+        chosen = self.choose(candidates)
+        if chosen is candidates[0] and disk_key is not None and \
+                signature not in self._recorded:
+            # The search's outcome cannot change the program: record it so that the next
+            # compile of this computation skips the search (and repeats this decision).
+            self._recorded.add(signature)
+            machine.cached(disk_key, lambda: _NO_WINNER)
+        return OpResult(op, tuple(candidates), chosen, stats, tuple(notes), best)
+
+    def _search_limits(self, ops: Sequence[OpNode]) -> Dict[tuple, float]:
+        """Seconds of search per distinct operator signature with summations: the module's
+        `search_budget_s` split in proportion to their FLOPs (a derived program saves at most
+        the operator's own time, which grows with them), each share within [`min_search_s`,
+        `time_limit_s`]; shares above the per-operator limit go to the others
+        (water-filling). Operators the decision cache has decided keep their share unused, so
+        an operator searched again gets the time it got in the first compile (and, up to the
+        machine's speed, the same outcome). Empty when the search is bounded by states alone
+        (`measure=False`): there, time plays no part."""
+        if not math.isfinite(self.budget.time_limit_s):
+            return {}
+        weights: Dict[tuple, float] = {}
+        for op in ops:
+            if op.expr.sums:
+                weights.setdefault(_op_signature(op), float(max(1, flops(op.expr))))
+        limits: Dict[tuple, float] = {}
+        budget, open_ = self.search_budget_s, dict(weights)
+        while open_:
+            total = sum(open_.values())
+            capped = {s for s, w in open_.items()
+                      if budget * w / total >= self.budget.time_limit_s}
+            if not capped:
+                for s, w in open_.items():
+                    limits[s] = max(self.min_search_s, budget * w / total)
+                break
+            for s in capped:
+                limits[s] = self.budget.time_limit_s
+                budget -= self.budget.time_limit_s
+                del open_[s]
+        return limits
+
+    def _search_op(self, op: OpNode, signature: tuple):
+        """(derived candidates, search statistics, best state per depth, notes) of `op`,
+        searched for its share of the module's budget (`_search_limits`)."""
+        notes: List[str] = []
+        stats, best, derived = None, (), []
         try:
-            result = self.search(op.expr)
+            result = self.search(op.expr, self._limits.get(signature))
             stats = result.stats
             best = tuple((s.depth, roofline_seconds(s.expr, self.peaks), s.rules)
                          for s in result.best_per_depth if s is not None)
             notes += [f"rule error: {e}" for e in stats.rule_errors[:3]]
-            candidates += self._derived(op, result, notes)
+            derived = self._derived(op, result, notes)
         except Exception as err:  # the search is an optimisation: failing it keeps the op
             notes.append(f"search failed: {type(err).__name__}: {err}")
-        return OpResult(op, tuple(candidates), self.choose(candidates), stats, tuple(notes),
-                        best)
+        return derived, stats, best, notes
+
+    def _decision_key(self, signature) -> Optional[str]:
+        """The decision-cache key of an operator's search outcome: the package version (rules
+        and kernels change with the code), the target, every setting the outcome depends on,
+        and the operator's computation with canonical tensor names; None when a user-given
+        rule set or target set makes the outcome unnameable."""
+        if self.rules is not None or self.targets is not None:
+            return None
+        expr, constant = signature
+        b = self.budget
+        settings = (f"depth {b.max_depth} states {b.max_states} limit {b.time_limit_s:g} "
+                    f"budget {self.search_budget_s:g} min {self.min_search_s:g} "
+                    f"seed {b.seed} speedup {self.min_speedup:g} inst "
+                    f"{self.max_instantiations} providers {self.providers} "
+                    f"measure {self.measure}")
+        digest = hashlib.blake2b(repr(expr).encode(), digest_size=16).hexdigest()
+        return (f"{machine.code_version()}|{self.target}|derivation search|{settings}|"
+                f"{digest}|{''.join('c' if c else 'v' for c in constant)}")
 
     def choose(self, candidates: Sequence[Program]) -> Program:
         """The cheapest candidate whose estimated speedup over the original (candidates[0])
@@ -343,13 +444,16 @@ class DerivationTransform:
         llvm = self.target.kind.name == "llvm"
         return self.target if self.providers and llvm else None
 
-    def search(self, expr: Expr) -> SearchResult:
-        """The distance-guided search from `expr` with the pass's rules, targets and budget,
-        states ranked by their roofline estimate."""
+    def search(self, expr: Expr, time_limit_s: Optional[float] = None) -> SearchResult:
+        """The distance-guided search from `expr` with the pass's rules, targets and budget
+        (its time limit replaced by `time_limit_s` when given), states ranked by their
+        roofline estimate."""
         rules = self.rules if self.rules is not None else default_rules()
         targets = self.targets if self.targets is not None else default_targets()
         rank = functools.partial(roofline_seconds, peaks=self.peaks)
-        return distance_guided_search(expr, rules, targets, self.budget, rank=rank, cost=rank)
+        budget = self.budget if time_limit_s is None else \
+            replace(self.budget, time_limit_s=time_limit_s)
+        return distance_guided_search(expr, rules, targets, budget, rank=rank, cost=rank)
 
     def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None
                  ) -> Program:
@@ -384,6 +488,34 @@ class DerivationTransform:
         if self.log is None and not active_logs():
             return
         write_records([r.to_json(detail=True) for r in results], self.log)
+
+
+_NO_WINNER = "no derived candidate wins"
+
+
+def _op_signature(op: OpNode) -> Tuple[Expr, Tuple[bool, ...]]:
+    """What an operator's search outcome depends on: its canonical expression with its tensors
+    named by argument position (the first position that reads a value names it, so an
+    operator reading one value twice keeps that), and which arguments are constants (a
+    kernel reading only constants is free: FoldConstant evaluates it at compile time). Two
+    operators with equal signatures compute the same function of their arguments, so a
+    derived program of one is one of the other with the tensor names translated."""
+    first: Dict[str, str] = {}
+    for k, name in enumerate(op.names):
+        first.setdefault(name, f"in{k}")
+    expr = expr_of_call(op.call, [first[n] for n in op.names])
+    return expr, tuple(isinstance(a, Constant) for a in op.args)
+
+
+def _renamed_emit(emit: Emit, names: Sequence[str], new_names: Sequence[str]) -> Emit:
+    """`emit` (which reads the values of tensors `names`) reading the values of `new_names`
+    instead, position by position."""
+    mapping = dict(zip(names, new_names))
+
+    def renamed(bb: relax.BlockBuilder, values: Mapping[str, relax.Expr]) -> relax.Expr:
+        return emit(bb, {**values, **{old: values[new] for old, new in mapping.items()}})
+
+    return renamed
 
 
 def _bound(emit: Emit, sub: Subprogram) -> Callable[[relax.BlockBuilder], relax.Expr]:

@@ -10,7 +10,8 @@ Why it is correct: a group is replaced only after its kernel computed the same o
 group's original PrimFuncs (TVM's own build) on random inputs (`measure.check_group`); a group
 whose kernel cannot be generated or fails that check keeps its original calls, and a warning
 says why. The module the pass returns is then run as a whole against the module it was given
-(`verify.module_check`); if they disagree the given module is returned, with a warning. The replacement call sits where the group's last node was and reads the same tensors;
+(`verify.module_check`; or against `reference`, a module computing the same, see
+`TileGraphFusion`); if they disagree the given module is returned, with a warning. The replacement call sits where the group's last node was and reads the same tensors;
 intermediates it removes were read by no one outside the group (see `tile_graph.subgraph`).
 On a CUDA target, which cannot run here, the check runs on the CPU kernel generated from the same
 tile plan, and tile configurations are chosen by the cost model instead of by measurement.
@@ -150,17 +151,23 @@ class TileGraphFusion:
 
     Parameters: `target` (llvm or cuda), `topk` tile configs measured per group, `measure`
     (default: True when the target is the CPU this runs on), `verify` (check each group on random
-    inputs before replacing it; on by default, and only turn it off in benchmarks that re-check).
+    inputs before replacing it; on by default, and only turn it off in benchmarks that re-check),
+    `reference`: a module computing what the pass's input computes, with the same parameters
+    (the einweld pipeline passes the module it gave `prepare()`, already built and run by the
+    check of the stage before): the fused module is checked whole against it instead of
+    against the input, which is then neither built nor run once more.
     """
 
     def __init__(self, target, topk: int = 4, measure: bool | None = None, verify: bool = True,
-                 device: Device | None = None, rules: bool = True):
+                 device: Device | None = None, rules: bool = True,
+                 reference: ir.IRModule | None = None):
         self.target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
         self.device = device or device_for_target(self.target)
         self.topk = topk
         self.measure = (self.device.kind == "cpu") if measure is None else measure
         self.verify = verify
         self.rules = rules and self.target.kind.name == "llvm"
+        self.reference = reference
         self.report: FusionReport | None = None
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
         self._measured = 0
@@ -171,9 +178,13 @@ class TileGraphFusion:
 
         self.checks = []
         fused = self._fuse(mod)
-        if not self.verify:
+        if not self.verify or fused is mod:
             return fused
-        return checked("TileGraphFusion", mod, fused, self.target, self.checks)
+        # Equal to the reference means equal to what the input computes (see __init__); a
+        # disagreement falls back to the input itself.
+        reference = self.reference if self.reference is not None else mod
+        return fused if checked("TileGraphFusion", reference, fused, self.target,
+                                self.checks) is fused else mod
 
     def _fuse(self, mod: ir.IRModule) -> ir.IRModule:
         graph = build_tile_graph(mod, "main")
@@ -181,8 +192,17 @@ class TileGraphFusion:
             return mod
         factory = KernelFactory(graph, self.device)
         self._measured, self._claims = 0, {}
-        plan = graph_connecting(graph, self.device, self.topk, self._evaluator(graph, factory),
-                                self._alone(graph, factory) if self.rules else None)
+        wanted: dict = {}
+
+        def tiles_wanted(sub: SubGraph) -> bool:
+            if sub.names not in wanted:
+                wanted[sub.names] = self._tile_configs_wanted(sub, factory)
+            return wanted[sub.names]
+
+        plan = graph_connecting(graph, self.device, self.topk,
+                                self._evaluator(graph, factory, tiles_wanted),
+                                self._alone(graph, factory) if self.rules else None,
+                                tiles_wanted)
         replacements, rejected = [], []
         # A group whose best kernel is the analytic one (candidate None) is replaced by its
         # merged, unscheduled function, which the analytic rules schedule later exactly as
@@ -294,16 +314,13 @@ class TileGraphFusion:
             return False
         return self._analytic(sub, factory) is None
 
-    def _evaluator(self, graph, factory):
+    def _evaluator(self, graph, factory, tiles_wanted):
         """Seconds of a candidate: measured, or estimated once its kernel is known to build;
-        None (not a candidate) where tile configs are not wanted (`_tile_configs_wanted`)."""
-
-        wanted: dict = {}
+        None (not a candidate) where tile configs are not wanted (`tiles_wanted`, memoised
+        `_tile_configs_wanted`)."""
 
         def evaluate(sub: SubGraph, cand: Candidate):
-            if sub.names not in wanted:
-                wanted[sub.names] = self._tile_configs_wanted(sub, factory)
-            if not wanted[sub.names]:
+            if not tiles_wanted(sub):
                 return None
             func = factory.kernel(sub, cand.config, cand.inner)
             if func is None:

@@ -151,7 +151,9 @@ def time_alone(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | No
     PrimFunc, or `func` (a group's merged, unscheduled PrimFunc, params `sub.inputs` then the
     output), called from Relax with the graph's real constants and scheduled by the analytic
     rules with those constants packed at compile time (timing the bare scheduled PrimFunc
-    would charge the packing of constant weights to every call). Cached like `time_kernel`."""
+    would charge the packing of constant weights to every call). Cached like `time_kernel`,
+    keyed by the kernel and its arguments' types and constness but not the constants' values
+    (a kernel's time does not depend on its weights), so equal layers are timed once."""
     from tvm import relax
     from tvm_ffi import structural_hash
 
@@ -178,7 +180,10 @@ def time_alone(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | No
                                                    relax.TensorType(out.shape, out.dtype)))
         bb.emit_func_output(result)
     mod = bb.get()
-    key = f"{code_version()}|{tvm.target.Target(target)}|alone|{structural_hash(mod)}"
+    kinds = ",".join(("const" if not isinstance(graph.exprs[n], relax.Var) else "var") +
+                     f"{graph.tensors[n].dtype}{list(graph.tensors[n].shape)}" for n in inputs)
+    key = (f"{code_version()}|{tvm.target.Target(target)}|alone|"
+           f"{structural_hash(mod[kernel])}|{kinds}|{out.dtype}{list(out.shape)}")
     return float(cached(key, lambda: measure_modules([mod], target, repeats=3)[0]))
 
 

@@ -283,7 +283,8 @@ class _Groups:
 
 def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
                      evaluate: Evaluator | None = None,
-                     alone: Callable[[SubGraph], "float | None"] | None = None) -> GraphPlan:
+                     alone: Callable[[SubGraph], "float | None"] | None = None,
+                     tiles_wanted: Callable[[SubGraph], bool] | None = None) -> GraphPlan:
     """GraphConnecting: decide, edge by edge, which tensors stay at the fast level.
 
     `evaluate(sub, candidate)` returns the seconds of that tile config measured on the target,
@@ -292,7 +293,9 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
     instead of a tile config (a single node's own kernel; a group's merged function, e.g. a
     GEMM with its reshape prologue and bias/activation epilogue inlined), or None: a sub-graph
     is priced at the better of the two, so a group is formed only when it beats its members'
-    best kernels, not their default tiles.
+    best kernels, not their default tiles. `tiles_wanted(sub)` False says that `evaluate`
+    refuses every tile config of `sub`: they are then not enumerated at all (the same plan,
+    without the cost of tiling it).
     """
     start = time.perf_counter()
     groups = _Groups([n.name for n in graph.nodes])
@@ -304,7 +307,8 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
         sub = subgraph(graph, names)
         plan = None
         if sub is not None:
-            for cand in subgraph_tiling(graph, sub, device, topk):
+            tiled = tiles_wanted is None or tiles_wanted(sub)
+            for cand in subgraph_tiling(graph, sub, device, topk) if tiled else ():
                 if evaluate is None:
                     seconds = estimated_seconds(cand.cost, device)
                 else:
