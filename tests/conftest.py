@@ -53,3 +53,15 @@ def host_target() -> tvm.target.Target:
 def rng() -> np.random.Generator:
     """A generator seeded with 0, fresh for every test."""
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def fresh_decisions(tmp_path, monkeypatch):
+    """An empty decision cache (disk and memory) for one test, as on a fresh machine: a test
+    that asserts a search ran must not find the decision already taken by an earlier compile
+    (this machine's cache, or another test of the same session)."""
+    from tvm_einweld import machine
+
+    monkeypatch.setenv("TVM_EINWELD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(machine, "_TIMES", {})
+    return tmp_path / "cache"

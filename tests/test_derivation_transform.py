@@ -58,7 +58,7 @@ def assert_same_results(a, b, trials: int = 2):
 SMALL = dict(max_depth=2, max_states=40, time_limit_s=3.0, max_instantiations=4)
 
 
-def test_conv_relu_conv_same_results():
+def test_conv_relu_conv_same_results(fresh_decisions):
     mod = conv_relu_conv()
     log = []
     # As users run it: a pass in a Sequential before tvm.compile.

@@ -34,7 +34,7 @@ def parse(argv):
     return parser.parse_args(argv)
 
 
-def test_json_schema(tmp_path, capsys):
+def test_json_schema(tmp_path, capsys, fresh_decisions):
     model = tmp_path / "crc.onnx"
     conv_relu_conv_onnx(model)
     assert derive.run(parse([str(model), "--max-depth", "2", "--max-states", "30",
