@@ -55,7 +55,7 @@ def test_json_schema(tmp_path, capsys, fresh_decisions):
         assert sub["stats"]["states"] >= 1 and sub["stats"]["pruned"] >= 0
 
 
-def test_text_output(tmp_path, capsys):
+def test_text_output(tmp_path, capsys, fresh_decisions):
     model = tmp_path / "crc.onnx"
     conv_relu_conv_onnx(model)
     assert derive.run(parse([str(model), "--max-depth", "1", "--time-limit", "1"])) == 0
