@@ -305,7 +305,6 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
                 sch.transform_block_layout(producer, phases)
             except s_tir.ScheduleError:  # odd width: the phases are padded, not a bijection
                 pass
-    cores = gemm.target_cores(target)
 
     # 3. Tiles and register block.
     loops = sch.get_loops(conv)
@@ -324,6 +323,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         block.mr * block.yb * block.xb, shape.dtype))
     if block.channels_in_lanes:  # the accumulator keeps channels innermost, like its lanes
         sch.transform_layout(conv, ("write", 0), lambda n_, f_, y_, x_: (n_, y_, x_, f_))
+    cores = gemm.target_cores(target)
     if shape.depthwise and len(producers) == 1 and shape.batch * shape.channels >= 2 * cores:
         # Each channel reads only its own plane: pad it inside the channel's parallel
         # iteration, where the copy stays in L1 for the kernel, instead of one padded
@@ -335,12 +335,10 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     else:
         tile = sch.fuse(n, f_tile, y_tile, x_tile)
         sch.parallel(tile)
+        for producer in producers:  # one copy of the whole input, parallel over channels
+            sch.parallel(sch.fuse(*sch.get_loops(producer)[:2]))
     sch.reverse_compute_at(accumulator, tile, preserve_unit_loops=True)
     gemm._inline_consumers(sch, accumulator)
-    for producer in producers:  # a whole-input copy (not moved into the channel loop)
-        loops = sch.get_loops(producer)
-        if len(loops) == len(sch.get(producer).iter_vars):
-            sch.parallel(sch.fuse(*loops[:2]))
     for loop in unrolled:
         sch.unroll(loop)
     sch.vectorize(lane)

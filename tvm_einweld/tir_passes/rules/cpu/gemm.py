@@ -645,15 +645,15 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
         # K blocked: the tile's accumulator (mc x nr) outlives each K block.
         k_outer, k_inner = sch.split(k, [None, tiling.kc])
         sch.reorder(s, i_tile, j_tile, k_outer, i_block, k_inner, i_reg, j_vec, j_lane)
-        accumulator_at = j_tile
+        accumulator_at, accumulator_rows = j_tile, tiling.mc
     else:
         # Whole K per register block: the accumulator is just the mr x nr registers, zeroed,
         # filled and written back (with the epilogue) by one micro-kernel.
         k_outer, k_inner = sch.add_unit_loop(k), k
         sch.reorder(s, i_tile, j_tile, i_block, k_outer, k_inner, i_reg, j_vec, j_lane)
-        accumulator_at = i_block
-    accumulator = sch.cache_write(main, 0, accumulator_scope(
-        (tiling.mc if tiling.kc < shape.k else mr) * nr, shape.dtype))
+        accumulator_at, accumulator_rows = i_block, mr
+    accumulator = sch.cache_write(main, 0, accumulator_scope(accumulator_rows * nr,
+                                                             shape.dtype))
     sch.reverse_compute_at(accumulator, accumulator_at, preserve_unit_loops=True)
     _inline_consumers(sch, accumulator, padded=bool(pad_m or pad_n))
     tile = sch.fuse(s, i_tile, j_tile)
