@@ -28,6 +28,8 @@ Modules, one idea each:
   candidates             candidate programs: emitters, subprogram modules, result types
   derivation_transform   DerivationTransform, the Relax module pass (Algorithm 1)
   rewrite_log            RewriteLog, a PassContext instrument logging every rewrite as JSON
+  conv_transpose_phases  ConvTransposePhases: a strided conv-transpose as stride² stride-1
+                         convolutions (its phases), interleaved; run before legalisation
 """
 from .boundary import BoundaryRelaxing, BoundaryTightening
 from .derivation import (
@@ -53,6 +55,10 @@ def __getattr__(name):
         from .derivation_transform import DerivationTransform
 
         return DerivationTransform
+    if name == "ConvTransposePhases":
+        from .conv_transpose_phases import ConvTransposePhases
+
+        return ConvTransposePhases
     if name == "RewriteLog":
         from .rewrite_log import RewriteLog
 

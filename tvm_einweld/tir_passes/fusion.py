@@ -50,8 +50,14 @@ class FusionReport:
 
 
 def prepare() -> tvm.transform.Pass:
-    """Stock passes that turn a Relax model into the input TileGraphFusion expects."""
+    """The passes that turn a Relax model into the input TileGraphFusion expects: stock
+    legalisation and fusion, after strided transposed convolutions are split into their
+    stride-1 phases (`relay_passes.conv_transpose_phases`: no multiply-adds of the zeros a
+    dilated input would hold). The derivation pass costs operators through this too."""
+    from ..relay_passes.conv_transpose_phases import ConvTransposePhases
+
     return tvm.transform.Sequential([
+        ConvTransposePhases,
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),

@@ -43,8 +43,10 @@ Correctness rests, as in gemm.py, on the schedule primitives (each checks its pr
 and preserves semantics); when one refuses the rule returns None. Not handled (None): NHWC
 and other layouts, non-static shapes, more or fewer than 4 output axes, and pointwise (1x1)
 convolutions, which have the einsum form and go to the GEMM rule.
-Known cost: a strided transposed convolution multiplies the zeros of its dilated input
-(stride^2 more FMAs than needed).
+A strided transposed convolution reaching this rule would multiply the zeros of its dilated
+input (stride^2 more FMAs than needed); the pipeline splits it into stride-1 phases first
+(`relay_passes.conv_transpose_phases`, run by `tir_passes.prepare`), so it arrives here only
+when that pass left it alone (dilation, dynamic shapes).
 """
 from __future__ import annotations
 
