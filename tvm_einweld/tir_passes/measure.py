@@ -188,11 +188,15 @@ def time_alone(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | No
 
 
 def run_reference(graph: TileGraph, sub: SubGraph, arrays, target="llvm") -> np.ndarray:
-    """The group's output computed node by node with TVM's own build of the original funcs."""
+    """The group's output computed node by node with TVM's own build of the original funcs
+    (on a CPU with `verify.reference_schedule`'s loops: bit for bit that build, faster)."""
+    from ..verify.reference_schedule import schedule_reference_func
+
     values = dict(zip(sub.inputs, arrays))
     dev = _device(target)
+    cpu = tvm.target.Target(target).kind.name == "llvm"
     for node in sub.nodes:
-        lib = build(node.func, target)
+        lib = build(schedule_reference_func(node.func) if cpu else node.func, target)
         out = graph.tensors[node.output]
         args = [tvm.runtime.tensor(values[t], dev) for t in node.inputs]
         result = tvm.runtime.empty(out.shape, out.dtype, dev)
