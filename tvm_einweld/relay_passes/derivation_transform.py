@@ -19,11 +19,12 @@ For every Relax function:
    target, eOperators from bytes moved and measured bandwidth, weight-only kernels free
    because `FoldConstant` evaluates them at compile time) and keep the cheapest; a
    non-original choice must beat the original by `min_speedup`;
-4. verify the rewritten subprogram as a whole against the original one: `tvm.compile` both and
-   compare on random inputs (`verify.random_testing.compare_relax`), and require every side
-   condition proof of the derivations used to be proven. A subprogram that fails keeps its
-   original operators, and the report says why. A verified rewrite is then timed against the
-   original subprogram and kept only if it is faster there too;
+4. time the rewrite against the original subprogram (with `confirm_by_measurement`): one that
+   is not faster there is not used, and so not checked either; then verify the rewritten
+   subprogram as a whole against the original one: `tvm.compile` both and compare on random
+   inputs (`verify.random_testing.compare_relax`), and require every side condition proof of
+   the derivations used to be proven. A subprogram that fails keeps its original operators,
+   and the report says why;
 5. splice the chosen programs in, keeping every original variable, then fold weight-only
    expressions (`relax.transform.FoldConstant`, the paper's compile-time evaluation);
 6. run the rewritten module as a whole against the given one (`verify.module_check`: its own
@@ -82,6 +83,8 @@ _LOG = logging.getLogger("tvm_einweld.progress")
 # one of alternating rounds (`tir_passes.measure.compare_modules`): timings of one subprogram
 # on a shared machine differ by a few percent.
 MIN_MEASURED_GAIN = 1.05
+# The verification note of a rewrite that measured no faster: it is not used, so not checked.
+NOT_FASTER = "not checked: not faster when measured"
 
 
 @tvm.transform.module_pass(opt_level=0, name="DerivationTransform")
@@ -207,7 +210,8 @@ class DerivationTransform:
         ops = self.merge_pairs(sub, [self.optimise_op(op) for op in sub.ops])
         result = best = self._try_rewrite(sub, ops)
         for _ in range(self.measured_attempts - 1):
-            if not result.verified or result.measured_after_s is None:
+            if result.measured_after_s is None or \
+                    (not result.verified and result.verification != NOT_FASTER):
                 break  # rejected by verification, or nothing measured: no more attempts
             ops = tuple(self._next_choice(o) for o in result.ops)
             if all(o.chosen is o.original for o in ops):
@@ -229,9 +233,29 @@ class DerivationTransform:
         `confirm_by_measurement`) timed against the original: applied, or rejected with why."""
         if all(o.chosen is o.original for o in ops):
             return SubprogramResult(sub, ops, False, True, "original kept (cheapest)")
-        unproven = [str(p) for o in ops for p in o.chosen.proofs if not p.proven]
         before = subprogram_module(sub.ops)
         after = subprogram_module(sub.ops, [o.chosen.emit for o in ops])
+        before_s = after_s = None
+        if self.confirm_by_measurement:
+            # eOperator times are estimates; the rewrite must also be faster when measured, by
+            # a margin (MIN_MEASURED_GAIN) in nearly every one of alternating rounds, so that a
+            # difference inside the timing noise keeps the original; the verdict is cached.
+            # Timed before it is checked: a rewrite that is not faster is never used, so its
+            # check (running the original's unscheduled kernels) would only cost compile time.
+            from .op_cost import measured_comparison
+
+            verdict = measured_comparison(before, after, self.target, MIN_MEASURED_GAIN)
+            before_s, after_s = verdict.before, verdict.after
+            ops = tuple(o if o.chosen is o.original else replace(o, tried=o.tried + (o.chosen,))
+                        for o in ops)
+            if not verdict.faster:
+                note = (f"rewrite not applied: {verdict.describe()} needed "
+                        f"(estimated {sum(o.chosen.seconds for o in ops):.3g} s; "
+                        f"{' + '.join(n for o in ops for n in o.chosen.ops)})")
+                kept = tuple(replace(o, chosen=o.original, notes=o.notes + (note,))
+                             for o in ops)
+                return SubprogramResult(sub, kept, False, False, NOT_FASTER, before_s, after_s)
+        unproven = [str(p) for o in ops for p in o.chosen.proofs if not p.proven]
         try:
             test = self._check_rewrite(sub, ops)
             ok, evidence = test.equal and not unproven, str(test)
@@ -243,24 +267,7 @@ class DerivationTransform:
             kept = tuple(replace(o, chosen=o.original,
                                  notes=o.notes + (f"rewrite rejected: {evidence}",))
                          for o in ops)
-            return SubprogramResult(sub, kept, False, False, evidence)
-        if not self.confirm_by_measurement:
-            return SubprogramResult(sub, ops, True, True, evidence)
-        # eOperator times are estimates; the rewrite must also be faster when measured, by a
-        # margin (MIN_MEASURED_GAIN) in nearly every one of alternating rounds, so that a
-        # difference inside the timing noise keeps the original; the verdict is cached.
-        from .op_cost import measured_comparison
-
-        verdict = measured_comparison(before, after, self.target, MIN_MEASURED_GAIN)
-        before_s, after_s = verdict.before, verdict.after
-        ops = tuple(o if o.chosen is o.original else replace(o, tried=o.tried + (o.chosen,))
-                    for o in ops)
-        if not verdict.faster:
-            note = (f"rewrite not applied: {verdict.describe()} needed "
-                    f"(estimated {sum(o.chosen.seconds for o in ops):.3g} s; "
-                    f"{' + '.join(n for o in ops for n in o.chosen.ops)})")
-            kept = tuple(replace(o, chosen=o.original, notes=o.notes + (note,)) for o in ops)
-            return SubprogramResult(sub, kept, False, True, evidence, before_s, after_s)
+            return SubprogramResult(sub, kept, False, False, evidence, before_s, after_s)
         return SubprogramResult(sub, ops, True, True, evidence, before_s, after_s)
 
     def _check_rewrite(self, sub: Subprogram, ops: Tuple[OpResult, ...]):
