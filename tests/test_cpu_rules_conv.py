@@ -128,12 +128,21 @@ def test_float64_batch():
 
 
 def test_register_block_is_exact_and_fits():
-    isa = VectorISA(512, 32, True)
+    isa = VectorISA(512, 32, True, masked=True)
     shape = conv.ConvShape(1, 64, 56, 56, "float32", rows_share_data=(1, 2, 4, 8, 16, 32, 64))
     blk = conv.choose_conv_block(isa, shape)
     assert 64 % blk.mr == 0 and 56 % blk.yb == 0 and 56 % blk.xb == 0
     assert blk.mr * blk.vectors + blk.vectors + 1 <= isa.registers
     assert not blk.channels_in_lanes  # 14 of 16 lanes filled along the rows
+    assert blk.vectors >= 2  # one data vector per step: each FMA waits on its broadcast
+    # Without masked vectors a 14-column row would be assembled lane by lane: channels go
+    # in the lanes instead, and 8-column rows (56 = 7 x 8) stay rows of whole vectors.
+    avx2 = VectorISA(256, 16, True)
+    narrow = conv.choose_conv_block(avx2, conv.ConvShape(1, 256, 14, 14, "float32",
+                                                          (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    assert narrow.channels_in_lanes
+    wide = conv.choose_conv_block(avx2, shape)
+    assert not wide.channels_in_lanes and wide.xb % 8 == 0
     depthwise = conv.choose_conv_block(isa, conv.ConvShape(1, 32, 7, 7, "float32", (1,)))
     assert depthwise.mr == 1 and not depthwise.channels_in_lanes
     rows = conv.choose_conv_block(isa, conv.ConvShape(1, 192, 28, 28, "float32", (1,)))

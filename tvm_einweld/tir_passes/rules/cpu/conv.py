@@ -159,7 +159,18 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
     # Rows in the lanes unless they would leave more than half of each vector empty: with the
     # lanes full either way, the row orientation measured faster (64 ch at 56x56: 120 vs
     # 80 GFLOP/s; 256 ch at 14x14: 140 vs 90), the channel one wins on 7x7 maps (160 vs 57).
-    rows = best_of([b for b in candidates if not b.channels_in_lanes])
+    # Without masked vectors (`isa.masked`: AVX2, SSE, NEON) a row block of a partial vector
+    # is built lane by lane, so such blocks are used only when no other block exists
+    # (depthwise): 512 ch at 14x14 on a Zen core, 7-column rows 21 GFLOP/s, channels 32.
+    row_blocks = [b for b in candidates if not b.channels_in_lanes]
+    whole = [b for b in row_blocks if isa.masked or b.xb % lanes == 0]
+    if whole or any(b.channels_in_lanes for b in candidates):
+        row_blocks = whole
+    # One data vector per step makes every FMA wait on its own broadcast weight, as in the
+    # GEMM rule (`gemm.choose_register_block`): two rows of one vector each where they fit
+    # (64 ch at 56x56 on a Zen core: 4 ch x 2 rows 35.5 GFLOP/s, 8 ch x 1 row 30.1).
+    row_blocks = [b for b in row_blocks if b.vectors >= 2] or row_blocks
+    rows = best_of(row_blocks)
     channels = best_of([b for b in candidates if b.channels_in_lanes])
     row_fill = rows[1].xb / (math.ceil(rows[1].xb / lanes) * lanes) if rows else 0.0
     best = channels if channels is not None and row_fill < 0.5 else rows

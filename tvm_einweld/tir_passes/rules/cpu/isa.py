@@ -2,9 +2,11 @@
 from the machine this runs on: the schedule rules size register blocks and vector loops from it.
 
 Plain "llvm" on x86 means generic x86-64 (SSE2: 128-bit vectors, 16 registers); a target with
-`mcpu` or `mattr` gets what LLVM says that CPU has. FMA pipes per core are a micro-architecture
-fact LLVM does not expose; two is right for every AVX2/AVX-512 core of the last decade and the
-register block only needs enough independent accumulators to cover `fma_units * fma_latency`.
+`mcpu` or `mattr` gets what LLVM says that CPU has. FMA pipes per core are a micro-architecture fact
+LLVM does not expose: two as wide as the vector registers with a 4-cycle latency is right for
+most AVX2/AVX-512 cores of the last decade; `FMA_PIPES` lists, by -mcpu, the cores that
+differ (Zen 1's pipes are half as wide). The register block needs enough independent
+accumulators to cover `fma_units * fma_latency`.
 """
 from __future__ import annotations
 
@@ -18,13 +20,18 @@ from tvm.target import codegen
 class VectorISA:
     """`bits`: vector register width; `registers`: architectural vector registers;
     `fma`: fused multiply-add available; `fma_units` / `fma_latency`: pipes and cycles, used to
-    size the number of independent accumulators a micro-kernel needs."""
+    size the number of independent accumulators a micro-kernel needs; `masked`: partial
+    vectors load and store under a mask (AVX-512). Without masks LLVM builds a vector of fewer
+    lanes than the register (<7 x float> on AVX2) from scalar loads and inserts: a 3x3 conv
+    whose 7-column blocks were such vectors ran at 53 % of a Zen core's FMA peak, the same conv
+    with full vectors at 80 %."""
 
     bits: int
     registers: int
     fma: bool
     fma_units: int = 2
     fma_latency: int = 4
+    masked: bool = False
 
     def lanes(self, dtype: str) -> int:
         """Elements of `dtype` in one vector register (at least 1)."""
@@ -38,6 +45,30 @@ def _has(feature: str, target: tvm.target.Target) -> bool:
         return False
 
 
+# FMA pipes of cores whose datapath differs from the default (2 pipes as wide as the vector
+# registers, 4 cycles): -mcpu -> (pipes, bits each pipe computes per cycle, latency). A vector
+# wider than a pipe occupies it for several cycles, so fewer FMAs issue per cycle (Zen 1 runs
+# a 256-bit FMA as two 128-bit halves: one 256-bit FMA per cycle). Vendors' optimisation
+# manuals (AMD family 17h/19h, Intel) give these numbers.
+FMA_PIPES = {
+    "znver1": (2, 128, 5),
+    "znver2": (2, 256, 5),
+    "znver3": (2, 256, 4),
+    "znver4": (2, 256, 4),
+    "haswell": (2, 256, 5),
+    "broadwell": (2, 256, 4),
+}
+
+
+def _with_pipes(isa: VectorISA, target: tvm.target.Target) -> VectorISA:
+    mcpu = str(target.attrs.get("mcpu", "") or "")
+    if mcpu not in FMA_PIPES:
+        return isa
+    pipes, width, latency = FMA_PIPES[mcpu]
+    units = max(1, pipes * min(width, isa.bits) // isa.bits)
+    return VectorISA(isa.bits, isa.registers, isa.fma, units, latency, isa.masked)
+
+
 def vector_isa(target: tvm.target.Target | str) -> VectorISA:
     """The vector unit of an llvm `target` (x86: SSE2 / AVX2 / AVX-512; AArch64: NEON)."""
     target = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
@@ -47,7 +78,7 @@ def vector_isa(target: tvm.target.Target | str) -> VectorISA:
     if triple.startswith(("aarch64", "arm64")):
         return VectorISA(bits=128, registers=32, fma=True)
     if _has("avx512f", target):
-        return VectorISA(bits=512, registers=32, fma=True)
+        return _with_pipes(VectorISA(bits=512, registers=32, fma=True, masked=True), target)
     if _has("avx2", target) or _has("avx", target):
-        return VectorISA(bits=256, registers=16, fma=_has("fma", target))
+        return _with_pipes(VectorISA(bits=256, registers=16, fma=_has("fma", target)), target)
     return VectorISA(bits=128, registers=16, fma=False)
