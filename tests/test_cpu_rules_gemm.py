@@ -11,7 +11,7 @@ from tvm_einweld.tir_passes.rules.cpu import gemm
 from tvm_einweld.tir_passes.rules.cpu.apply import (
     ApplyCPURules, ScheduleGEMM, cpu_gemm_pipeline, prepack_weights,
 )
-from tvm_einweld.tir_passes.rules.cpu.isa import VectorISA
+from tvm_einweld.tir_passes.rules.cpu.isa import VectorISA, vector_isa
 
 TARGET = host_target()
 RNG = np.random.default_rng(7)
@@ -376,3 +376,16 @@ def test_matrix_vector_swaps_operands():
     kernels = [f for _, f in lowered(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
     assert all("tirx.is_scheduled" in f.attrs for f in kernels)
     np.testing.assert_allclose(compile_and_run(mod, x), x @ w + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_fma_pipes_come_from_the_target_cpu():
+    """Zen 1 runs a 256-bit FMA as two 128-bit halves: one per cycle, 5 cycles; a target that
+    names no CPU in the table keeps two full-width pipes. Read from -mcpu, not this machine."""
+
+    zen1 = vector_isa(tvm.target.Target({"kind": "llvm", "mcpu": "znver1"}))
+    assert (zen1.bits, zen1.registers, zen1.fma_units, zen1.fma_latency, zen1.masked) == \
+        (256, 16, 1, 5, False)
+    skx = vector_isa(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"}))
+    assert (skx.bits, skx.fma_units, skx.masked) == (512, 2, True)
+    zen2 = vector_isa(tvm.target.Target({"kind": "llvm", "mcpu": "znver2"}))
+    assert (zen2.bits, zen2.fma_units, zen2.fma_latency) == (256, 2, 5)
