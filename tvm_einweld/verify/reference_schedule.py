@@ -78,10 +78,9 @@ def reference_schedule(mod: tvm.IRModule) -> tvm.IRModule:
                 updated[gvar] = new
     if not updated:
         return mod
-    mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(dict(mod.functions))
-    for gvar, func in updated.items():
-        mod[gvar] = func
-    return mod
+    # A new module (the caller's stays as it was) keeping the attributes and global infos.
+    return tvm.IRModule({**dict(mod.functions), **updated}, attrs=mod.attrs,
+                        global_infos=mod.global_infos)
 
 
 @tvm.transform.module_pass(opt_level=0, name="ReferenceSchedule")
