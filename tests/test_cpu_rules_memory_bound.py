@@ -15,7 +15,7 @@ from tvm.relax import op as R
 from conftest import compile_vm
 from tvm_einweld.tir_passes.device import host_target
 from tvm_einweld.tir_passes.fusion import prepare
-from tvm_einweld.tir_passes.rules.cpu import fast_math, injective
+from tvm_einweld.tir_passes.rules.cpu import fast_math, injective, reduction
 from tvm_einweld.tir_passes.rules.cpu import ApplyCPURules
 from tvm_einweld.tir_passes.rules.cpu.memory_bound import schedule_memory_bound
 
@@ -161,6 +161,21 @@ def test_softmax(shape):
 def test_layer_norm():
     check(lambda x, g, b: R.nn.layer_norm(x, g, b, axes=[-1]), _layer_norm,
           [(7, 53), (53,), (53,)], rtol=2e-5, atol=2e-5)
+
+
+def test_long_rows_use_several_accumulators():
+    """Rows long enough for k > 1 vector accumulators (k x lanes partial sums, re-associated):
+    LayerNorm over 768 and 200 (k = 4 resp. a ragged lane split), softmax over 256, a max."""
+    assert reduction.accumulators(768, 8, latency=5) == 4
+    assert reduction.accumulators(128, 8, latency=5) == 2
+    assert reduction.accumulators(768, 8, latency=1) == 1
+    assert reduction.accumulators(200, 8, latency=4) == 1  # 200 = 25 x 8: no 2 x 8 chunks
+    check(lambda x, g, b: R.nn.layer_norm(x, g, b, axes=[-1]), _layer_norm,
+          [(3, 768), (768,), (768,)], rtol=2e-5, atol=2e-5)
+    check(lambda x, g, b: R.nn.layer_norm(x, g, b, axes=[-1]), _layer_norm,
+          [(5, 200), (200,), (200,)], rtol=2e-5, atol=2e-5)
+    check(lambda x: R.nn.softmax(x, axis=-1), _softmax, [(3, 256)], rtol=2e-6, atol=2e-6)
+    check(lambda x: R.max(x, axis=[-1]), lambda x: x.max(-1), [(2, 1024)])
 
 
 def test_softmax_float64():  # (stock layer_norm legalisation is float32/16 only)

@@ -66,6 +66,8 @@ class CpuParams:
     bits: int  # vector register width
     cores: int
     grain: Grain = Grain()
+    latency: int = 4  # cycles of a vector add/FMA: independent chains a loop needs to stream
+
 
     def lanes(self, dtype: str) -> int:
         return max(1, self.bits // tvm.runtime.DataType(dtype).bits)
@@ -82,7 +84,8 @@ def cpu_params(target: Target) -> CpuParams:
     """Vector width from the target's -mcpu/-mattr, cores from its num-cores (else this host's,
     which is what TVM's thread pool uses)."""
     cores = int(target.attrs.get("num-cores", 0) or 0) or os.cpu_count() or 1
-    return CpuParams(bits=vector_isa(target).bits, cores=cores)
+    isa = vector_isa(target)
+    return CpuParams(bits=isa.bits, cores=cores, latency=isa.fma_latency)
 
 
 # --------------------------------------------------------------------------------- IR walks
