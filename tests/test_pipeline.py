@@ -25,7 +25,8 @@ def test_pipeline_matches_the_stock_build(rng):
 @pytest.mark.slow
 def test_pipeline_with_tuning_matches_the_stock_build(tmp_path, rng):
     """trials > 0: the kernels are tuned with layout strategies (fusion off, so every kernel
-    is a task) and the tuned, weight-prepacked build still equals the stock build."""
+    is a task, its analytic kernel the baseline) and the build, tuned kernels where they won,
+    weights prepacked, still equals the stock build."""
     mod = builtin_model(channels=8, size=10)
     x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
     expected = run_vm(mod, x)
@@ -33,7 +34,11 @@ def test_pipeline_with_tuning_matches_the_stock_build(tmp_path, rng):
                                          fuse=False)
     ex = tvm.compile(mod, "llvm", relax_pipeline=tvm.transform.Sequential(
         [stages, relax.pipeline.default_build_pipeline()]))
-    assert stages.tuning_check.equal and any(tmp_path.iterdir())
+    report = stages.tuning_report
+    assert report.trials <= 8 and any(tmp_path.iterdir())
+    # Every kernel is a task (no tile groups here), each with its analytic time and a choice.
+    assert {c.used for c in report.choices} <= {"tuned", "analytic"} and report.choices
+    assert report.tuned_kernels == 0 or stages.tuning_check.equal
     if stages.tuned:  # used only when faster by the margin (in nearly every round)
         before, after = stages.tuning_seconds
         assert after * tvm_einweld.einweld_pipeline.MIN_TUNED_GAIN < before
@@ -74,16 +79,26 @@ def _doubled(mod):
     return bb.get()
 
 
+def _planted_tuning(monkeypatch, module_of):
+    """Replace the CPU tuning stage by one returning `module_of(untuned analytic module)` and a
+    report that claims one tuned kernel (nothing is tuned: the planted module is what the
+    pipeline's own checks must judge)."""
+    from tvm_einweld.auto_scheduler_ext import kernel_tuning
+    from tvm_einweld.auto_scheduler_ext.kernel_tuning import KernelChoice, TuningReport
+    from tvm_einweld.tir_passes.rules.cpu.apply import prepack_weights
+
+    def planted(base, target, work_dir, trials, **kwargs):
+        choice = KernelChoice("k", 1, trials, 2e-6, 1e-6, "tuned", "faster")
+        return module_of(prepack_weights(target)(base)), TuningReport((choice,), trials, trials)
+
+    monkeypatch.setattr(kernel_tuning, "tune_kernels", planted)
+
+
 def test_a_wrong_tuned_module_is_not_used(tmp_path, monkeypatch, rng):
     """Planted fault: the tuning stage returns a module that computes something else (as stock
     TVM's weight pre-packing does for some tuned ConvTranspose kernels). The pipeline must
     notice, warn and keep the untuned module."""
-    from tvm_einweld.auto_scheduler_ext import entry_points
-
-    def wrong_stage(target, work_dir, trials, **kwargs):
-        return tvm.transform.module_pass(lambda mod, _ctx: _doubled(mod), opt_level=0)
-
-    monkeypatch.setattr(entry_points, "adaptive_layout_tuning_pass", wrong_stage)
+    _planted_tuning(monkeypatch, _doubled)
     mod = builtin_model(channels=8, size=10)
     x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
     expected = run_vm(mod, x)
@@ -100,8 +115,10 @@ def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
     """Planted timings: the tuned module measures slower than the untuned one in all rounds
     but one, so the pipeline keeps the untuned kernels (and says so)."""
 
+    from tvm_einweld.commands.demo import tuning_summary
     from tvm_einweld.tir_passes import measure
 
+    _planted_tuning(monkeypatch, lambda m: tvm.IRModule(dict(m.functions_items()), attrs=m.attrs))
     rounds = [[1.0, 2.0]] * 6 + [[2.0, 1.0]]  # one lucky round of the tuned module
     monkeypatch.setattr(measure, "module_rounds", lambda mods, target, rounds_=7: rounds)
     mod = builtin_model(channels=8, size=10)
@@ -111,6 +128,8 @@ def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
         stages(mod)
     assert stages.tuning_check.equal and not stages.tuned
     assert stages.tuning_seconds == (1.0, 2.0)
+    assert "1 tasks, 4 trials spent" in tuning_summary(stages)
+    assert "NOT used: not faster" in tuning_summary(stages)
 
 
 def test_a_noisy_gain_is_not_a_gain():

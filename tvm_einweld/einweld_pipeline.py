@@ -15,9 +15,11 @@ Stages, in order:
   3b. the analytic CPU schedule rules (`tir_passes.rules.cpu`: convolutions, the GEMM class,
      memory-bound kernels) on every kernel left, constant weights packed into the kernels'
      layouts at compile time;
-  4. adaptive-layout tuning (AL-Ansor) of the remaining kernels when `trials > 0`, applied
-     with the compile-time weight layout transform, and kept only when the whole tuned
-     module equals the untuned one and runs faster;
+  4. when `trials > 0`, adaptive-layout tuning (AL-Ansor) of every kernel but the tile
+     groups', the budget where the latency is, a tuned kernel used only where it beats its
+     analytic one (`auto_scheduler_ext.kernel_tuning`), applied with the compile-time weight
+     layout transform, and kept only when the whole tuned module equals the untuned one and
+     runs faster;
   5. TVM's default Relax lowering (`relax.pipeline.default_build_pipeline`).
 Every stage leaves what it cannot prove or check unchanged, so the pipeline computes what the
 input module computes. Parts are checked where they are made, and the module each stage returns
@@ -93,6 +95,7 @@ class EinweldOptimize:
     """Stages 1–4 of the module docstring. After a run, `derivation` and `fusion` hold the
     stage objects (with their reports), `tuned` says whether tuned kernels are used,
     `tuning_check` holds the check of the tuned module against the untuned one,
+    `tuning_report` the tasks, their trials and each kernel's choice (CPU targets),
     `tuning_seconds` the measured (untuned, tuned) module times, and `checks` every
     whole-module check of the run (stage, verdict, evidence, seconds).
 
@@ -127,6 +130,7 @@ class EinweldOptimize:
         self.tuned = False
         self.tuning_check: Optional[ModuleCheck] = None
         self.tuning_seconds = None  # (untuned, tuned) seconds of the whole module
+        self.tuning_report = None  # per task: trials, analytic vs tuned time, the choice
         self.checks: List[ModuleCheck] = []
         self.stage_seconds: Dict[str, float] = {}  # wall time of each stage of the last run
 
@@ -140,6 +144,8 @@ class EinweldOptimize:
         target = _resolve_target(self.target)
         self.checks = []
         self.stage_seconds = {}
+        self.tuned, self.tuning_check, self.tuning_seconds, self.tuning_report = (False, None,
+                                                                                 None, None)
         given = mod
         clock = _StageClock(self.stage_seconds)
         with target:
@@ -167,6 +173,7 @@ class EinweldOptimize:
                     self.fusion = TileGraphFusion(target, **{**options, **self.fuse_options})
                     mod = self.fusion(mod)  # checked whole inside the pass
                     self.checks += self.fusion.checks
+            unscheduled = mod  # every kernel but the tile groups': the tuning tasks
             if target.kind.name == "llvm":
                 with clock("analytic schedules"):
                     # Constant weights are packed into the kernels' layouts at compile time.
@@ -175,14 +182,19 @@ class EinweldOptimize:
                     mod = checked("analytic CPU schedules", mod, scheduled, target, self.checks)
             if self.trials > 0:
                 with clock("tuning"):
-                    mod = self._tune(mod, target)
+                    mod = self._tune(unscheduled, mod, target)
             # Stage by stage each module agreed with its input within tolerance; the errors of
             # several stages add up, so the result is held against the user's module too.
             with clock("final check"):
                 return checked("einweld pipeline", given, mod, target, self.checks)
 
-    def _tune(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-        from .auto_scheduler_ext.entry_points import adaptive_layout_tuning_pass
+    def _tune(self, unscheduled: tvm.IRModule, mod: tvm.IRModule,
+              target: tvm.target.Target) -> tvm.IRModule:
+        """On a CPU every kernel of `unscheduled` is a task, tuned with the budget where the
+        latency is and kept only where faster than its analytic kernel in `mod`
+        (`auto_scheduler_ext.kernel_tuning`); elsewhere (no analytic rules) the kernels of
+        `mod` are tuned with equal shares (`adaptive_layout_tuning_pass`)."""
+        from .auto_scheduler_ext import entry_points, kernel_tuning
         from .machine import cpu_cores
 
         spec = dict(target.export())
@@ -191,10 +203,17 @@ class EinweldOptimize:
             target = tvm.target.Target({**spec, "num-cores": cpu_cores()})
         work_dir = self.work_dir or tempfile.mkdtemp(prefix="einweld_tune_")
         os.makedirs(work_dir, exist_ok=True)  # MetaSchedule's database does not create it
-        stage = adaptive_layout_tuning_pass(target, work_dir, self.trials,
-                                            layout_strategy=self.layout_strategy,
-                                            **self.tune_options)
-        tuned = stage(mod)
+        if target.kind.name == "llvm":
+            tuned, self.tuning_report = kernel_tuning.tune_kernels(
+                unscheduled, target, work_dir, self.trials,
+                layout_strategy=self.layout_strategy, **self.tune_options)
+            if self.tuning_report.tuned_kernels == 0:
+                return mod  # every analytic kernel stayed: the module is the untuned one
+        else:
+            stage = entry_points.adaptive_layout_tuning_pass(
+                target, work_dir, self.trials, layout_strategy=self.layout_strategy,
+                **self.tune_options)
+            tuned = stage(mod)
         # Each record was checked alone; the whole tuned module (with its compile-time weight
         # layout transforms, which stock TVM 0.27 gets wrong for some tuned ConvTranspose
         # kernels) is checked against the untuned one before it is used.

@@ -159,6 +159,12 @@ def tuning_summary(stages) -> str:
     if stages.trials <= 0:
         return "off (0 trials)"
     head = f"{stages.trials} trials, {stages.layout_strategy}: "
+    report = getattr(stages, "tuning_report", None)
+    if report is not None:
+        head += (f"{len(report.choices)} tasks, {report.trials} trials spent, "
+                 f"{report.tuned_kernels} tuned kernels faster than their analytic ones; ")
+        if report.tuned_kernels == 0:
+            return head + "tuned kernels NOT used (none beat its analytic kernel)"
     if stages.tuned:
         untuned, tuned = stages.tuning_seconds
         return head + (f"tuned kernels used ({tuned * 1e3:.3f} ms vs {untuned * 1e3:.3f} ms "

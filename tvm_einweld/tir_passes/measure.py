@@ -15,6 +15,7 @@ with medians of paired rounds and a sign test.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import tvm
@@ -71,6 +72,39 @@ def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
 
     key = f"{code_version()}|{tvm.target.Target(target)}|kernel|{structural_hash(func)}"
     return float(cached(key, measure))
+
+
+def time_func(func: tirx.PrimFunc, target, constants: Sequence[int] = (), outputs: int = 1,
+              repeats: int = 3) -> float:
+    """Seconds of a standalone kernel as the pipeline runs it (`measure_modules`): called from
+    Relax, the params numbered in `constants` bound to random constants (weights: their
+    packing, a `meta_schedule.layout_rewrite_preproc` block, is folded at compile time, so
+    neither an analytic nor a tuned kernel is charged for it per call), the others random
+    inputs, the last `outputs` params the results."""
+    from tvm import relax
+
+    params, args = [], []
+    rng = np.random.default_rng(0)
+    inputs = list(func.params)[:len(func.params) - outputs]
+    for k, buf in enumerate(inputs):
+        shape, dtype = [int(v) for v in buf.shape], str(buf.dtype)
+        if k in constants:
+            args.append(relax.const(random_array(rng, shape, dtype), dtype))
+        else:
+            var = relax.Var(f"x{k}", relax.TensorType(shape, dtype))
+            params.append(var)
+            args.append(var)
+    outs = [relax.TensorType([int(v) for v in b.shape], str(b.dtype))
+            for b in list(func.params)[len(inputs):]]
+    bb = relax.BlockBuilder()
+    kernel = bb.add_func(func.without_attr("global_symbol").with_attr("tirx.is_scheduled", True),
+                         "kernel")
+    with bb.function("main", params):
+        with bb.dataflow():
+            result = bb.emit_output(relax.call_tir(kernel, args, outs[0] if len(outs) == 1
+                                                   else outs))
+        bb.emit_func_output(result)
+    return measure_modules([bb.get()], target, repeats=repeats)[0]
 
 
 def module_rounds(mods, target, rounds: int = 5) -> list[list[float]]:

@@ -1,0 +1,111 @@
+"""Tuning every kernel (auto_scheduler_ext/kernel_tuning): the budget goes where the latency is
+(planted tasks and gains), a tuned program is used only when it beats its analytic kernel
+(planted timings), and a real tuning of a small module equals the stock build."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from conftest import run_vm
+from tvm_einweld.auto_scheduler_ext import kernel_tuning
+from tvm_einweld.auto_scheduler_ext.kernel_tuning import BudgetScheduler, TaskState
+
+
+def _states(*latencies):
+    return [TaskState(f"t{i}", None, 1, secs) for i, secs in enumerate(latencies)]
+
+
+def _run(states, total, per_round, improve):
+    """Run the scheduler with a fake tuner: `improve(state)` is the factor the round applies
+    to the task's best time (1.0: no gain). Returns the order in which tasks got rounds."""
+    order = []
+
+    def tune(state, upto):
+        order.append(state.name)
+        return upto, state.best * improve(state)
+
+    BudgetScheduler(states, total, per_round).run(tune)
+    return order
+
+
+def test_every_task_is_tried_largest_share_first():
+    order = _run(_states(1.0, 9.0, 3.0), total=48, per_round=16, improve=lambda s: 0.9)
+    assert order == ["t1", "t2", "t0"]
+
+
+def test_rounds_follow_the_latency_that_keeps_improving():
+    # t0 holds 90 % of the latency and gains 30 % a round; t1 (10 %) gains nothing once tried.
+    # A round goes to the larger expected saving (share x gain): t0 until its share x 30 %
+    # drops below t1's untried share x 100 %, then t1 once, then t0 again.
+    states = _states(9.0, 1.0)
+    order = _run(states, total=16 * 6, per_round=16,
+                 improve=lambda s: 0.7 if s.name == "t0" else 1.0)
+    assert order == ["t0", "t0", "t0", "t1", "t0", "t0"]
+    assert states[0].trials == 80 and states[1].trials == 16
+
+
+def test_a_stalled_task_gives_its_rounds_away():
+    # t0 is 90 % of the latency but stops gaining after its first round; t1 (10 %) keeps
+    # gaining 50 %: once t0's expected saving (0.9 x 1 %) is below t1's, t1 gets the rounds.
+    states = _states(9.0, 1.0)
+    order = _run(states, total=16 * 5, per_round=16,
+                 improve=lambda s: (0.8 if s.rounds == 0 else 1.0) if s.name == "t0" else 0.5)
+    assert order[0] == "t0" and order.count("t1") >= 3
+
+
+def test_an_exhausted_space_costs_no_budget():
+    states = _states(5.0, 1.0)
+    calls = []
+
+    def tune(state, upto):
+        calls.append(state.name)
+        return (state.trials, None) if state.name == "t0" else (upto, state.best)
+
+    BudgetScheduler(states, 32, 16).run(tune)
+    assert states[0].exhausted and states[0].trials == 0 and states[1].trials == 32
+
+
+def test_the_last_round_is_cut_to_the_budget():
+    states = _states(1.0)
+    _run(states, total=40, per_round=16, improve=lambda s: 0.9)
+    assert states[0].trials == 40
+
+
+def test_a_tuned_program_is_used_only_when_faster(monkeypatch):
+    """Planted timings: the tuned program within MIN_KERNEL_GAIN of the analytic one is not
+    used; clearly faster, it is."""
+    state = TaskState("k", None, 1, 1e-3, trials=16)
+
+    class FakeDatabase:
+        def query_schedule(self, mod, target, name):
+            return type("S", (), {"mod": {"main": None}})()
+
+    for tuned, used in ((0.99e-3, "analytic"), (0.5e-3, "tuned")):
+        choice = kernel_tuning._choose(state, FakeDatabase(), None, lambda func: tuned)
+        assert choice.used == used and choice.tuned_secs == tuned
+    untried = kernel_tuning._choose(TaskState("k", None, 1, 1e-3), FakeDatabase(), None,
+                                    lambda func: 0.0)
+    assert untried.used == "analytic" and "no trials" in untried.why
+
+
+@pytest.mark.slow
+def test_tuned_kernels_equal_the_stock_build(tmp_path, rng):
+    """A real (short) tuning of a small conv + matmul module: every kernel a task, the
+    assembled module (tuned kernels where they won, analytic elsewhere, weights packed at
+    compile time) computes what the stock build computes."""
+    from tvm_einweld.commands.demo import builtin_model
+    from tvm_einweld.tir_passes import prepare
+    from tvm_einweld.tir_passes.device import host_target
+
+    target = host_target()
+    mod = builtin_model(channels=8, size=10)
+    with target:
+        base = prepare()(mod)
+    tuned, report = kernel_tuning.tune_kernels(base, target, str(tmp_path), 32,
+                                               num_trials_per_iter=8)
+    assert report.trials <= 32 and len(report.choices) >= 3
+    x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    got = run_vm(tvm.compile(tuned, target), x)
+    np.testing.assert_allclose(got, run_vm(mod, x), rtol=1e-4, atol=1e-4)

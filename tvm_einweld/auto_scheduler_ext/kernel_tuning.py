@@ -1,0 +1,276 @@
+"""Tuning every kernel of a module with the budget where the latency is, never ending a kernel
+slower than its analytic schedule (what `EinweldOptimize(trials > 0)` runs on a CPU).
+
+    module, report = tune_kernels(base, target, work_dir, trials)
+
+`base` is a Relax module after legalisation and fusion, before the analytic schedules
+(TileGraphFusion's kernels are already scheduled there: they are not tasks, see below).
+
+1. Tasks: MetaSchedule's task extraction on `prepare_relax(base)`, the module the analytic
+   rules also schedule: structurally equal kernels are one task (`weight` = its calls).
+2. Baseline: each task's kernel as the 0-trial pipeline schedules it (`rules.cpu.schedule_cpu`,
+   TVM's default lowering where no rule claims it), timed alone (`measure.time_func`: constant
+   weights' packing removed, as MetaSchedule's builder removes it).
+3. Budget (`BudgetScheduler`): trials go out in rounds of `num_trials_per_iter`, each to the
+   task whose next round is expected to save the most of the module's latency: its share of
+   the module's time (weight x its best time so far) times its recent relative gain (the last
+   round's improvement; an untried task counts as gaining `PRIOR_GAIN`, 100 %, so tasks are
+   tried largest share first, before a round goes to a task whose expected saving is less).
+   A task that stops improving loses its rounds to the others, and a task too small to matter
+   gets none; MetaSchedule's gradient task scheduler makes the same trade with a
+   backward-window gradient.
+4. Choice: per task, the database's best tuned program is timed by the same timer as the
+   baseline and used only when faster by `MIN_KERNEL_GAIN`; otherwise the analytic kernel
+   stays. So no kernel ends slower than at 0 trials (within the timer's noise).
+5. Assembly: the chosen tuned programs go in through `MetaScheduleApplyDatabase` (a memory
+   database holding just them), every other kernel through `prepack_weights` (the analytic
+   rules and compile-time weight packing of the 0-trial pipeline).
+
+Why the result computes what `base` computes: every tuned program was checked against its task
+on random inputs before it was recorded (`task_loop`'s ProgramChecker); the analytic kernels
+are the 0-trial pipeline's; the caller checks the assembled module whole against the 0-trial
+module and keeps it only if it is equal and measurably faster.
+
+Not tasks: TileGraphFusion's fused kernels (scheduled as tile programs; MetaSchedule would
+need their unfused compute, which a fused kernel no longer has) and kernels with symbolic
+shapes; both keep what the 0-trial pipeline gives them, and the report says so.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple
+
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+from tvm.target import Target
+
+from ..tir_passes.measure import time_func
+from ..tir_passes.rules.cpu import schedule_cpu
+from ..tir_passes.rules.cpu.apply import prepack_weights
+from .entry_points import _is_scheduled, prepare_relax
+from .selectors import make_selector
+from .task_loop import default_builder, tune_task
+
+logger = logging.getLogger("tvm_einweld.auto_scheduler_ext")
+
+# A tuned kernel replaces the analytic one only when this much faster, timed alike.
+MIN_KERNEL_GAIN = 1.03
+# The relative gain an untried task is assumed to offer (its whole time): tasks are tried
+# largest latency share first.
+PRIOR_GAIN = 1.0
+# The least relative gain a round is assumed to offer, so a stalled task still gets a round
+# when every task has stalled (they then go by latency share).
+FLOOR_GAIN = 0.01
+
+
+@dataclass
+class TaskState:
+    """One task's tuning so far: `best` is the fastest of its analytic time and its tuned
+    programs (MetaSchedule's measurements), `gain` the relative improvement of its last round."""
+
+    name: str
+    mod: tvm.IRModule
+    weight: int
+    analytic_secs: float
+    trials: int = 0
+    rounds: int = 0
+    best: float = 0.0
+    gain: float = PRIOR_GAIN
+    exhausted: bool = False
+
+    def __post_init__(self) -> None:
+        self.best = self.best or self.analytic_secs
+
+    @property
+    def latency(self) -> float:
+        return self.weight * self.best
+
+
+class BudgetScheduler:
+    """Hands out `total` trials in rounds of `per_round` (the last may be shorter) to the task
+    with the largest expected saving: latency share x recent gain (see the module docstring).
+    `run(state, trials)` tunes a task up to `trials` in all and returns (trials done, best
+    seconds or None)."""
+
+    def __init__(self, states: List[TaskState], total: int, per_round: int) -> None:
+        self.states = states
+        self.left = total
+        self.per_round = per_round
+
+    def next_task(self) -> Optional[TaskState]:
+        live = [s for s in self.states if not s.exhausted]
+        if self.left <= 0 or not live:
+            return None
+        module = sum(s.latency for s in self.states) or 1.0
+        return max(live, key=lambda s: (s.latency / module) * max(s.gain, FLOOR_GAIN))
+
+    def run(self, tune: Callable[[TaskState, int], Tuple[int, Optional[float]]]) -> None:
+        while (state := self.next_task()) is not None:
+            chunk = min(self.per_round, self.left)
+            done, best = tune(state, state.trials + chunk)
+            spent = done - state.trials
+            if spent <= 0:
+                state.exhausted = True  # its search space has nothing new
+                continue
+            self.left -= spent
+            state.trials, state.rounds = done, state.rounds + 1
+            before = state.best
+            if best is not None and best < state.best:
+                state.best = best
+            state.gain = (before - state.best) / before if before > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """What one task ended with: `used` "tuned" or "analytic", with both times (seconds, timed
+    alike; `tuned_secs` None when no tuned program exists) and why."""
+
+    name: str
+    weight: int
+    trials: int
+    analytic_secs: float
+    tuned_secs: Optional[float]
+    used: str
+    why: str
+
+
+@dataclass(frozen=True)
+class TuningReport:
+    """Tasks, trials spent, each task's choice, and the kernels that were not tasks."""
+
+    choices: Tuple[KernelChoice, ...]
+    trials: int
+    budget: int
+    not_tasks: Tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def tuned_kernels(self) -> int:
+        return sum(c.used == "tuned" for c in self.choices)
+
+    def describe(self) -> str:
+        lines = [f"tuning: {len(self.choices)} tasks, {self.trials} of {self.budget} trials "
+                 f"spent; tuned programs used for {self.tuned_kernels} "
+                 f"(a tuned kernel must be {MIN_KERNEL_GAIN}x faster than the analytic one)"]
+        for c in sorted(self.choices, key=lambda c: -c.weight * c.analytic_secs):
+            tuned = "-" if c.tuned_secs is None else f"{c.tuned_secs * 1e6:.1f} us"
+            lines.append(f"  {c.name} x{c.weight}: {c.trials} trials, analytic "
+                         f"{c.analytic_secs * 1e6:.1f} us, tuned {tuned}: {c.used} ({c.why})")
+        if self.not_tasks:
+            lines.append(f"  not tasks (kept as scheduled): {', '.join(self.not_tasks)}")
+        return "\n".join(lines)
+
+
+def _analytic(func: tvm.tirx.PrimFunc, target: Target) -> tvm.tirx.PrimFunc:
+    result = schedule_cpu(func, target)
+    return func if result is None else result[1]
+
+
+@dataclass(frozen=True)
+class _Timer:
+    """Times a task's kernels alike (`measure.time_func`): its layout-free params (weights) as
+    constants, its written params as the outputs."""
+
+    target: Target
+    constants: Tuple[int, ...]
+    outputs: int
+
+    @staticmethod
+    def of(func: tvm.tirx.PrimFunc, target: Target) -> "_Timer":
+        from tvm import s_tir
+
+        sch = s_tir.Schedule(func)
+        written = {w.source for rv in sch.get_child_blocks(sch.get_sblock("root"))
+                   for w in sch.get(rv).writes}
+        outputs = sum(1 for buf in func.params if buf in written)
+        free = func.attrs.get("layout_free_buffers", ()) if func.attrs is not None else ()
+        return _Timer(target, tuple(int(i) for i in free), max(outputs, 1))
+
+    def __call__(self, func: tvm.tirx.PrimFunc) -> float:
+        return time_func(func, self.target, self.constants, self.outputs)
+
+
+def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int, *,
+                 layout_strategy: str = "adaptive", selector=None,
+                 num_trials_per_iter: int = 16, builder: Optional[ms.builder.Builder] = None,
+                 runner: Optional[ms.runner.Runner] = None, seed: int = -1,
+                 early_stopping_rounds: int = 50) -> Tuple[tvm.IRModule, TuningReport]:
+    """Tune the kernels of `base` with `trials` trials in all (see the module docstring);
+    returns the assembled module (kernels chosen, weights packed at compile time) and the
+    report. Records go to a JSONDatabase in `work_dir`, so a cut-short run resumes."""
+    os.makedirs(work_dir, exist_ok=True)
+    database = ms.database.JSONDatabase(work_dir=work_dir)
+    prepared = prepare_relax(base, None, target)
+    extracted = ms.relax_integration.extract_tasks(prepared, target)
+    states, not_tasks, timers = [], [], {}
+    for task in extracted:
+        mod = task.dispatched[0]
+        if _is_scheduled(mod):
+            not_tasks.append(task.task_name)
+            continue
+        try:
+            timer = _Timer.of(mod["main"], target)
+            analytic = timer(_analytic(mod["main"], target))
+        except Exception as err:  # pylint: disable=broad-except  # e.g. a symbolic shape
+            logger.info("%s: not a task (%s)", task.task_name, err)
+            not_tasks.append(task.task_name)
+            continue
+        states.append(TaskState(task.task_name, mod, int(task.weight), analytic))
+        timers[task.task_name] = timer
+    chosen = make_selector(layout_strategy, selector)
+    builder = builder or default_builder()
+    runner = runner or ms.runner.LocalRunner()
+
+    def tune(state: TaskState, upto: int) -> Tuple[int, Optional[float]]:
+        result = tune_task(state.mod, target, database, max_trials=upto,
+                           num_trials_per_iter=min(num_trials_per_iter, upto - state.trials),
+                           selector=chosen, builder=builder, runner=runner,
+                           early_stopping_rounds=early_stopping_rounds,
+                           task_name=state.name, seed=seed)
+        return result.trials, result.best_secs
+
+    BudgetScheduler(states, trials, num_trials_per_iter).run(tune)
+
+    winners = ms.database.MemoryDatabase()
+    choices = []
+    for state in states:
+        choice = _choose(state, database, target, timers[state.name])
+        choices.append(choice)
+        if choice.used == "tuned":
+            best = database.get_top_k(database.commit_workload(state.mod), 1)[0]
+            winners.commit_tuning_record(ms.database.TuningRecord(
+                best.trace, winners.commit_workload(state.mod), best.run_secs, target,
+                best.args_info))
+    with target, winners:
+        module = relax.transform.MetaScheduleApplyDatabase()(prepared)
+    module = prepack_weights(target)(module)
+    report = TuningReport(tuple(choices), sum(s.trials for s in states), trials,
+                          tuple(not_tasks))
+    logger.info("%s", report.describe())
+    return module, report
+
+
+def _choose(state: TaskState, database: ms.database.Database, target: Target,
+            timer: _Timer) -> KernelChoice:
+    def made(used: str, tuned: Optional[float], why: str) -> KernelChoice:
+        return KernelChoice(state.name, state.weight, state.trials, state.analytic_secs,
+                            tuned, used, why)
+
+    if state.trials == 0:
+        return made("analytic", None, "no trials: its share of the latency was too small")
+    sch = database.query_schedule(state.mod, target, "main")
+    if sch is None:
+        return made("analytic", None, "no tuned program built and checked")
+    try:
+        tuned = timer(sch.mod["main"])
+    except Exception as err:  # pylint: disable=broad-except  # unusable means unused
+        return made("analytic", None, f"the tuned program did not run: {err}")
+    if tuned * MIN_KERNEL_GAIN < state.analytic_secs:
+        return made("tuned", tuned, "faster")
+    return made("analytic", tuned, "the tuned program is not faster")
+
+
+__all__ = ["tune_kernels", "TuningReport", "KernelChoice", "BudgetScheduler", "TaskState",
+           "MIN_KERNEL_GAIN"]
