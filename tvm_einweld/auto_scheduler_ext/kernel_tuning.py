@@ -245,11 +245,28 @@ def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int,
                 best.args_info))
     with target, winners:
         module = relax.transform.MetaScheduleApplyDatabase()(prepared)
+    applied = _changed_kernels(prepared, module)
+    choices = [c if c.used != "tuned" or c.name in applied else
+               KernelChoice(c.name, c.weight, c.trials, c.analytic_secs, c.tuned_secs,
+                            "analytic", "the tuned program did not apply to the module")
+               for c in choices]
     module = prepack_weights(target)(module)
     report = TuningReport(tuple(choices), sum(s.trials for s in states), trials,
                           tuple(not_tasks))
     logger.info("%s", report.describe())
     return module, report
+
+
+def _changed_kernels(before: tvm.IRModule, after: tvm.IRModule) -> set:
+    """Names of the kernels (GlobalVars) `after` replaced; extract_tasks names a task after its
+    kernel (the first, for structurally equal kernels)."""
+    from tvm_ffi import structural_equal
+
+    changed = set()
+    for gvar, func in after.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and not structural_equal(func, before[gvar]):
+            changed.add(gvar.name_hint)
+    return changed
 
 
 def _choose(state: TaskState, database: ms.database.Database, target: Target,

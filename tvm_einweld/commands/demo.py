@@ -163,8 +163,11 @@ def tuning_summary(stages) -> str:
     if report is not None:
         head += (f"{len(report.choices)} tasks, {report.trials} trials spent, "
                  f"{report.tuned_kernels} tuned kernels faster than their analytic ones; ")
+        if not report.choices:
+            return head + (f"tuned kernels NOT used: no kernel to tune (tile groups keep "
+                           f"their schedules: {', '.join(report.not_tasks) or 'none'})")
         if report.tuned_kernels == 0:
-            return head + "tuned kernels NOT used (none beat its analytic kernel)"
+            return head + "tuned kernels NOT used: none beat its analytic kernel"
     if stages.tuned:
         untuned, tuned = stages.tuning_seconds
         return head + (f"tuned kernels used ({tuned * 1e3:.3f} ms vs {untuned * 1e3:.3f} ms "
