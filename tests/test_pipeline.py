@@ -120,7 +120,7 @@ def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
 
     _planted_tuning(monkeypatch, lambda m: tvm.IRModule(dict(m.functions_items()), attrs=m.attrs))
     rounds = [[1.0, 2.0]] * 6 + [[2.0, 1.0]]  # one lucky round of the tuned module
-    monkeypatch.setattr(measure, "module_rounds", lambda mods, target, rounds_=7: rounds)
+    monkeypatch.setattr(measure, "module_rounds", lambda mods, target, rounds_=7, **kw: rounds)
     mod = builtin_model(channels=8, size=10)
     stages = tvm_einweld.EinweldOptimize("llvm", trials=4, work_dir=str(tmp_path),
                                          derive=False, fuse=False)

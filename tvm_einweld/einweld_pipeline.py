@@ -224,7 +224,8 @@ class EinweldOptimize:
             return mod
         # A small budget spread over many tasks can leave kernels worse than the untuned
         # (tile-scheduled) ones: the records are kept only when the whole module gains.
-        verdict = compare_modules(mod, tuned, target, MIN_TUNED_GAIN)
+        verdict = compare_modules(mod, tuned, target, MIN_TUNED_GAIN,
+                                  pipeline=relax.pipeline.default_build_pipeline())
         self.tuning_seconds = (verdict.before, verdict.after)
         if not verdict.faster:
             warnings.warn(f"EinweldOptimize: the tuned module is not faster ({verdict.describe()}"

@@ -74,13 +74,11 @@ def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
     return float(cached(key, measure))
 
 
-def time_func(func: tirx.PrimFunc, target, constants: Sequence[int] = (), outputs: int = 1,
-              repeats: int = 3) -> float:
-    """Seconds of a standalone kernel as the pipeline runs it (`measure_modules`): called from
-    Relax, the params numbered in `constants` bound to random constants (weights: their
-    packing, a `meta_schedule.layout_rewrite_preproc` block, is folded at compile time, so
-    neither an analytic nor a tuned kernel is charged for it per call), the others random
-    inputs, the last `outputs` params the results."""
+def kernel_module(func: tirx.PrimFunc, constants: Sequence[int] = (), outputs: int = 1):
+    """A Relax module whose `main` calls the standalone kernel `func` as the pipeline runs it:
+    the params numbered in `constants` bound to random constants (weights: their packing, a
+    `meta_schedule.layout_rewrite_preproc` block, is then folded at compile time, not run per
+    call), the others `main`'s inputs, the last `outputs` params the results."""
     from tvm import relax
 
     params, args = [], []
@@ -104,13 +102,22 @@ def time_func(func: tirx.PrimFunc, target, constants: Sequence[int] = (), output
             result = bb.emit_output(relax.call_tir(kernel, args, outs[0] if len(outs) == 1
                                                    else outs))
         bb.emit_func_output(result)
-    return measure_modules([bb.get()], target, repeats=repeats)[0]
+    return bb.get()
 
 
-def module_rounds(mods, target, rounds: int = 5) -> list[list[float]]:
+def time_func(func: tirx.PrimFunc, target, constants: Sequence[int] = (), outputs: int = 1,
+              repeats: int = 3) -> float:
+    """Seconds of one standalone kernel (`kernel_module`, `measure_modules`): not charged for
+    the packing of its constant weights."""
+    return measure_modules([kernel_module(func, constants, outputs)], target, repeats)[0]
+
+
+def module_rounds(mods, target, rounds: int = 5, pipeline=None) -> list[list[float]]:
     """Per round, the seconds of each Relax module's `main`, built as the einweld pipeline
     builds kernels (`fusion.analytic_pipeline`: analytic schedules, constant weights packed at
-    compile time) and run on the same random inputs. Rounds alternate the modules (a b, b a,
+    compile time; a module whose kernels are already chosen, e.g. a tuned one, passes
+    `relax.pipeline.default_build_pipeline()`: re-legalising and re-fusing it would re-schedule
+    kernels the analytic way) and run on the same random inputs. Rounds alternate the modules (a b, b a,
     a b, ...) so that a drift of the machine's load, or the cache state one leaves behind,
     hits all alike; each sample is `machine.best_seconds` of one looped call (>= 10 ms)."""
     from tvm import relax
@@ -122,7 +129,8 @@ def module_rounds(mods, target, rounds: int = 5) -> list[list[float]]:
     dev = tvm.device(target.get_target_device_type(), 0)
     calls = []
     for mod in mods:
-        ex = tvm.compile(mod, target=target, relax_pipeline=analytic_pipeline(target))
+        ex = tvm.compile(mod, target=target,
+                         relax_pipeline=pipeline or analytic_pipeline(target))
         fn = relax.VirtualMachine(ex, dev)["main"]
         rng = np.random.default_rng(0)
         args = [tvm.runtime.tensor(random_array(rng, tuple(int(v) for v in p.ty.shape.values),
@@ -171,9 +179,11 @@ class Comparison:
                 f"{self.min_ratio:g}x")
 
 
-def compare_modules(before, after, target, min_ratio: float, rounds: int = 7) -> Comparison:
-    """Time `before` and `after` in alternating rounds (`module_rounds`) and compare them."""
-    samples = module_rounds([before, after], target, rounds)
+def compare_modules(before, after, target, min_ratio: float, rounds: int = 7,
+                    pipeline=None) -> Comparison:
+    """Time `before` and `after` in alternating rounds (`module_rounds`, built with `pipeline`
+    when given) and compare them."""
+    samples = module_rounds([before, after], target, rounds, pipeline=pipeline)
     wins = sum(1 for b, a in samples if a * min_ratio < b)
     return Comparison(float(np.median([b for b, _ in samples])),
                       float(np.median([a for _, a in samples])), rounds, wins, min_ratio)
