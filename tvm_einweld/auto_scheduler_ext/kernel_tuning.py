@@ -9,8 +9,11 @@ slower than its analytic schedule (what `EinweldOptimize(trials > 0)` runs on a 
 1. Tasks: MetaSchedule's task extraction on `prepare_relax(base)`, the module the analytic
    rules also schedule: structurally equal kernels are one task (`weight` = its calls).
 2. Baseline: each task's kernel as the 0-trial pipeline schedules it (`rules.cpu.schedule_cpu`,
-   TVM's default lowering where no rule claims it), timed alone (`measure.time_func`: constant
-   weights' packing removed, as MetaSchedule's builder removes it).
+   TVM's default lowering where no rule claims it), timed alone (`measure.time_func`: called
+   from Relax with its weights as constants, so their packing is folded at compile time and
+   charged to no one). It is the baseline and the fallback, not a seed of MetaSchedule's
+   population: the analytic schedules use a post-pass (fast math) and primitives outside
+   MetaSchedule's design space, so their traces could not be mutated.
 3. Budget (`BudgetScheduler`): trials go out in rounds of `num_trials_per_iter`, each to the
    task whose next round is expected to save the most of the module's latency: its share of
    the module's time (weight x its best time so far) times its recent relative gain (the last
@@ -22,8 +25,8 @@ slower than its analytic schedule (what `EinweldOptimize(trials > 0)` runs on a 
 4. Choice: per task, the database's best tuned program and the analytic kernel are timed
    again, in alternating rounds (`measure.compare_modules`), and the tuned one is used only
    when faster by `MIN_KERNEL_GAIN` in all rounds but one; otherwise the analytic kernel stays
-   (on this 2-vCPU machine the same kernel's 2-thread time varies up to 2x between moments,
-   so one timing of each would pick by chance). So no kernel ends slower than at 0 trials (within the timer's noise).
+   (on a 2-vCPU VM the same kernel's 2-thread time varied up to 2x between moments, so one
+   timing of each picked by chance). So no kernel ends slower than at 0 trials.
 5. Assembly: the chosen tuned programs go in through `MetaScheduleApplyDatabase` (a memory
    database holding just them), every other kernel through `prepack_weights` (the analytic
    rules and compile-time weight packing of the 0-trial pipeline).
