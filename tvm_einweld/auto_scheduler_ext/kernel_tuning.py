@@ -216,7 +216,7 @@ def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int,
     database = ms.database.JSONDatabase(work_dir=work_dir)
     prepared = prepare_relax(base, None, target)
     extracted = ms.relax_integration.extract_tasks(prepared, target)
-    states, not_tasks, timers = [], [], {}
+    states, not_tasks, kernels = [], [], {}  # kernels: task name -> (timer, analytic func)
     for task in extracted:
         mod = task.dispatched[0]
         if _is_scheduled(mod):
@@ -224,13 +224,14 @@ def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int,
             continue
         try:
             timer = _Timer.of(mod["main"], target)
-            analytic = timer(_analytic(mod["main"], target))
+            analytic_func = _analytic(mod["main"], target)
+            analytic = timer(analytic_func)
         except Exception as err:  # pylint: disable=broad-except  # e.g. a symbolic shape
             logger.info("%s: not a task (%s)", task.task_name, err)
             not_tasks.append(task.task_name)
             continue
         states.append(TaskState(task.task_name, mod, int(task.weight), analytic))
-        timers[task.task_name] = timer
+        kernels[task.task_name] = (timer, analytic_func)
     chosen = make_selector(layout_strategy, selector)
     builder = builder or default_builder()
     runner = runner or ms.runner.LocalRunner()
@@ -248,8 +249,7 @@ def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int,
     winners = ms.database.MemoryDatabase()
     choices = []
     for state in states:
-        choice = _choose(state, database, target, timers[state.name],
-                         _analytic(state.mod["main"], target))
+        choice = _choose(state, database, target, *kernels[state.name])
         choices.append(choice)
         if choice.used == "tuned":
             best = database.get_top_k(database.commit_workload(state.mod), 1)[0]

@@ -159,7 +159,7 @@ def tuning_summary(stages) -> str:
     if stages.trials <= 0:
         return "off (0 trials)"
     head = f"{stages.trials} trials, {stages.layout_strategy}: "
-    report = getattr(stages, "tuning_report", None)
+    report = stages.tuning_report
     if report is not None:
         head += (f"{len(report.choices)} tasks, {report.trials} trials spent, "
                  f"{report.tuned_kernels} tuned kernels faster than their analytic ones; ")

@@ -74,9 +74,24 @@ def time_kernel(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target,
     return float(cached(key, measure))
 
 
+def call_module(func: tirx.PrimFunc, params: list, args: list, out_ty):
+    """A Relax module whose `main(*params)` is one `call_tir` of `func` on `args` (Relax
+    vars among `params`, or constants) returning `out_ty` (a type or a list of them): how a
+    standalone kernel is timed as the pipeline runs it."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    kernel = bb.add_func(func, "kernel")
+    with bb.function("main", params):
+        with bb.dataflow():
+            result = bb.emit_output(relax.call_tir(kernel, args, out_ty))
+        bb.emit_func_output(result)
+    return bb.get()
+
+
 def kernel_module(func: tirx.PrimFunc, constants: Sequence[int] = (), outputs: int = 1):
-    """A Relax module whose `main` calls the standalone kernel `func` as the pipeline runs it:
-    the params numbered in `constants` bound to random constants (weights: their packing, a
+    """`call_module` of the standalone kernel `func`, marked scheduled as it is: the params
+    numbered in `constants` bound to random constants (weights: their packing, a
     `meta_schedule.layout_rewrite_preproc` block, is then folded at compile time, not run per
     call), the others `main`'s inputs, the last `outputs` params the results."""
     from tvm import relax
@@ -94,15 +109,8 @@ def kernel_module(func: tirx.PrimFunc, constants: Sequence[int] = (), outputs: i
             args.append(var)
     outs = [relax.TensorType([int(v) for v in b.shape], str(b.dtype))
             for b in list(func.params)[len(inputs):]]
-    bb = relax.BlockBuilder()
-    kernel = bb.add_func(func.without_attr("global_symbol").with_attr("tirx.is_scheduled", True),
-                         "kernel")
-    with bb.function("main", params):
-        with bb.dataflow():
-            result = bb.emit_output(relax.call_tir(kernel, args, outs[0] if len(outs) == 1
-                                                   else outs))
-        bb.emit_func_output(result)
-    return bb.get()
+    func = func.without_attr("global_symbol").with_attr("tirx.is_scheduled", True)
+    return call_module(func, params, args, outs[0] if len(outs) == 1 else outs)
 
 
 def time_func(func: tirx.PrimFunc, target, constants: Sequence[int] = (), outputs: int = 1,
@@ -216,18 +224,12 @@ def time_alone(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | No
         else:
             args.append(expr)
     out = graph.tensors[sub.output]
-    bb = relax.BlockBuilder()
-    kernel = bb.add_func(node.func if func is None else func, "kernel")
-    with bb.function("main", params):
-        with bb.dataflow():
-            result = bb.emit_output(relax.call_tir(kernel, args,
-                                                   relax.TensorType(out.shape, out.dtype)))
-        bb.emit_func_output(result)
-    mod = bb.get()
+    mod = call_module(node.func if func is None else func, params, args,
+                      relax.TensorType(out.shape, out.dtype))
     kinds = ",".join(("const" if not isinstance(graph.exprs[n], relax.Var) else "var") +
                      f"{graph.tensors[n].dtype}{list(graph.tensors[n].shape)}" for n in inputs)
     key = (f"{code_version()}|{tvm.target.Target(target)}|alone|"
-           f"{structural_hash(mod[kernel])}|{kinds}|{out.dtype}{list(out.shape)}")
+           f"{structural_hash(mod['kernel'])}|{kinds}|{out.dtype}{list(out.shape)}")
     return float(cached(key, lambda: measure_modules([mod], target, repeats=3)[0]))
 
 

@@ -68,7 +68,6 @@ class CpuParams:
     grain: Grain = Grain()
     latency: int = 4  # cycles of a vector add/FMA: independent chains a loop needs to stream
 
-
     def lanes(self, dtype: str) -> int:
         return max(1, self.bits // tvm.runtime.DataType(dtype).bits)
 
