@@ -80,10 +80,6 @@ def test_a_tuned_program_is_used_only_when_faster():
 
     state = TaskState("k", None, 1, 1e-3, trials=16)
 
-    class FakeDatabase:
-        def query_schedule(self, mod, target, name):
-            return type("S", (), {"mod": {"main": None}})()
-
     class FakeTimer:
         def __init__(self, after, wins):
             self.verdict = Comparison(1e-3, after, 7, wins, kernel_tuning.MIN_KERNEL_GAIN)
@@ -93,10 +89,10 @@ def test_a_tuned_program_is_used_only_when_faster():
 
     for after, wins, used in ((0.99e-3, 7, "analytic"), (0.5e-3, 5, "analytic"),
                               (0.5e-3, 6, "tuned")):
-        choice = kernel_tuning._choose(state, FakeDatabase(), None, FakeTimer(after, wins), None)
+        choice = kernel_tuning._choose(state, "tuned", FakeTimer(after, wins), "analytic")
         assert choice.used == used and choice.tuned_secs == after, (after, wins)
-    untried = kernel_tuning._choose(TaskState("k", None, 1, 1e-3), FakeDatabase(), None,
-                                    FakeTimer(0.0, 7), None)
+    untried = kernel_tuning._choose(TaskState("k", None, 1, 1e-3), "tuned",
+                                    FakeTimer(0.0, 7), "analytic")
     assert untried.used == "analytic" and "no trials" in untried.why
 
 

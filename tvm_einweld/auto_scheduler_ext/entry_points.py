@@ -186,14 +186,8 @@ def apply_database(work_dir: str, target: Target) -> tvm.transform.Pass:
 def relax_tasks(prepared: tvm.IRModule, target: Target) -> list:
     """(name, IRModule) tuning tasks of a module prepared by ``prepare_relax``."""
     extracted = ms.relax_integration.extract_tasks(prepared, target)
-    return [(t.task_name, t.dispatched[0]) for t in extracted if not _is_scheduled(t.dispatched[0])]
-
-
-def _is_scheduled(mod: tvm.IRModule) -> bool:
-    """Kernels another pass already scheduled (TileGraphFusion marks its fused kernels with
-    ``tirx.is_scheduled``) are not tuning tasks: re-tuning would discard that schedule."""
-    return any(f.attrs is not None and bool(f.attrs.get("tirx.is_scheduled", False))
-               for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    # Kernels another pass already scheduled (TileGraphFusion's fused groups) are not tasks.
+    return [(t.task_name, t.dispatched[0]) for t in extracted if not is_scheduled(t.dispatched[0])]
 
 
 def tune_relax(

@@ -48,14 +48,15 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
 import tvm
-from tvm import relax
+from tvm import relax, s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
 from ..tir_passes.measure import Comparison, compare_modules, kernel_module, time_func
+from ..tir_passes.rules import is_scheduled
 from ..tir_passes.rules.cpu import schedule_cpu
 from ..tir_passes.rules.cpu.apply import prepack_weights
-from .entry_points import _is_scheduled, prepare_relax
+from .entry_points import prepare_relax
 from .selectors import make_selector
 from .task_loop import default_builder, tune_task
 
@@ -219,7 +220,7 @@ def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int,
     states, not_tasks, kernels = [], [], {}  # kernels: task name -> (timer, analytic func)
     for task in extracted:
         mod = task.dispatched[0]
-        if _is_scheduled(mod):
+        if is_scheduled(mod):
             not_tasks.append(task.task_name)
             continue
         try:
@@ -249,10 +250,10 @@ def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int,
     winners = ms.database.MemoryDatabase()
     choices = []
     for state in states:
-        choice = _choose(state, database, target, *kernels[state.name])
+        best = _best_record(state, database)
+        choice = _choose(state, _scheduled(state.mod, best), *kernels[state.name])
         choices.append(choice)
         if choice.used == "tuned":
-            best = database.get_top_k(database.commit_workload(state.mod), 1)[0]
             winners.commit_tuning_record(ms.database.TuningRecord(
                 best.trace, winners.commit_workload(state.mod), best.run_secs, target,
                 best.args_info))
@@ -282,22 +283,40 @@ def _changed_kernels(before: tvm.IRModule, after: tvm.IRModule) -> set:
     return changed
 
 
-def _choose(state: TaskState, database: ms.database.Database, target: Target,
+def _best_record(state: TaskState, database: ms.database.Database
+                 ) -> Optional[ms.database.TuningRecord]:
+    """The task's fastest measured record, or None (no trials, or none built and ran)."""
+    if state.trials == 0 or not database.has_workload(state.mod):
+        return None
+    top = database.get_top_k(database.commit_workload(state.mod), 1)
+    return top[0] if top else None
+
+
+def _scheduled(mod: tvm.IRModule, record: Optional[ms.database.TuningRecord]
+               ) -> Optional[tvm.tirx.PrimFunc]:
+    """The task's kernel as `record` schedules it (None without a record)."""
+    if record is None:
+        return None
+    sch = s_tir.Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod["main"]
+
+
+def _choose(state: TaskState, tuned: Optional[tvm.tirx.PrimFunc],
             timer: _Timer, analytic: tvm.tirx.PrimFunc) -> KernelChoice:
-    """The task's tuned program against its analytic kernel, both timed now in alternating
-    rounds (the baseline taken before tuning only apportioned the budget): the tuned one must
-    win by MIN_KERNEL_GAIN in all rounds but one, or the analytic one stays."""
+    """The task's tuned program against its analytic kernel, both timed now in
+    alternating rounds (the baseline taken before tuning only apportioned the budget): the
+    tuned one must win by MIN_KERNEL_GAIN in all rounds but one, or the analytic one stays."""
     def made(used: str, tuned: Optional[float], why: str, analytic_secs=None) -> KernelChoice:
         return KernelChoice(state.name, state.weight, state.trials,
                             analytic_secs or state.analytic_secs, tuned, used, why)
 
     if state.trials == 0:
         return made("analytic", None, "no trials: its share of the latency was too small")
-    sch = database.query_schedule(state.mod, target, "main")
-    if sch is None:
+    if tuned is None:
         return made("analytic", None, "no tuned program built and checked")
     try:
-        verdict = timer.compare(analytic, sch.mod["main"])
+        verdict = timer.compare(analytic, tuned)
     except Exception as err:  # pylint: disable=broad-except  # unusable means unused
         return made("analytic", None, f"the tuned program did not run: {err}")
     if verdict.faster:

@@ -24,6 +24,7 @@ from tvm import tirx
 from ..verify.inputs import random_array
 from ..verify.random_testing import compare_arrays
 from .tile_graph import SubGraph, TileGraph
+from .rules import mark_scheduled
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def kernel_module(func: tirx.PrimFunc, constants: Sequence[int] = (), outputs: i
             args.append(var)
     outs = [relax.TensorType([int(v) for v in b.shape], str(b.dtype))
             for b in list(func.params)[len(inputs):]]
-    func = func.without_attr("global_symbol").with_attr("tirx.is_scheduled", True)
+    func = mark_scheduled(func.without_attr("global_symbol"))
     return call_module(func, params, args, outs[0] if len(outs) == 1 else outs)
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from tvm import ir, relax, tirx
 
+from .rules import is_scheduled
+
 
 @dataclass(frozen=True)
 class Tensor:
@@ -150,7 +152,7 @@ def _node_of(mod: ir.IRModule, binding, name_of) -> Node | None:
         return None
     if len(callee.params) != len(args.fields) + 1:
         return None
-    if callee.attrs is not None and "tirx.is_scheduled" in callee.attrs:
+    if is_scheduled(callee):
         return None  # already scheduled (e.g. by an earlier TileGraphFusion): not re-tiled
     inputs = [name_of(a) for a in args.fields]
     output = name_of(binding.var)

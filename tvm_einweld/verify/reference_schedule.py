@@ -27,9 +27,7 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
-
-def _is_scheduled(func: tirx.PrimFunc) -> bool:
-    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
+from ..tir_passes.rules import is_scheduled
 
 
 def schedule_reference_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -37,7 +35,7 @@ def schedule_reference_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
     module docstring), or `func` itself where any of that does not apply."""
     from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-    if _is_scheduled(func):
+    if is_scheduled(func):
         return func
     try:
         sch = s_tir.Schedule(func)
@@ -72,7 +70,7 @@ def reference_schedule(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with `schedule_reference_func` applied to each of its unscheduled PrimFuncs."""
     updated = {}
     for gvar, func in mod.functions.items():
-        if isinstance(func, tirx.PrimFunc) and not _is_scheduled(func):
+        if isinstance(func, tirx.PrimFunc) and not is_scheduled(func):
             new = schedule_reference_func(func)
             if new is not func:
                 updated[gvar] = new

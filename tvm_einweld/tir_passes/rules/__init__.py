@@ -1,3 +1,29 @@
 """Analytic schedule rules: one folder per target, one module per kernel class (in the spirit
 of TVM's `s_tir/dlight`). A rule looks at one PrimFunc and returns a schedule for it, or None
-when the function is not of its class; nothing here needs tuning."""
+when the function is not of its class; nothing here needs tuning.
+
+A scheduled function carries TVM's own mark, the attribute `tirx.is_scheduled` (dlight and
+MetaSchedule read it too): `is_scheduled` / `mark_scheduled` are the one place that reads and
+writes it, for the rules, tile-graph fusion, tuning-task extraction and the reference
+schedules of the checks."""
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+SCHEDULED_ATTR = "tirx.is_scheduled"
+
+
+def is_scheduled(func_or_mod: tirx.PrimFunc | tvm.IRModule) -> bool:
+    """Whether a PrimFunc (or any PrimFunc of a module) carries the scheduled mark: such a
+    function is never re-scheduled, re-tiled or re-tuned (that would discard its schedule)."""
+    if isinstance(func_or_mod, tvm.IRModule):
+        return any(isinstance(f, tirx.PrimFunc) and is_scheduled(f)
+                   for f in func_or_mod.functions.values())
+    attrs = func_or_mod.attrs
+    return attrs is not None and SCHEDULED_ATTR in attrs and bool(int(attrs[SCHEDULED_ATTR]))
+
+
+def mark_scheduled(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` with the scheduled mark."""
+    return func.with_attr(SCHEDULED_ATTR, True)

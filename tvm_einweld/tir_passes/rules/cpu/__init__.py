@@ -21,6 +21,7 @@ from tvm.target import Target
 
 from tvm.s_tir.dlight.base import ScheduleRule
 
+from .. import is_scheduled, mark_scheduled
 from .conv import Conv2D
 from .fast_math import rewrite_fast_math
 from .gemm import GEMM
@@ -42,7 +43,7 @@ def dlight_family(rule: ScheduleRule, name: Optional[str] = None) -> Family:
         if sch is None:
             return None
         scheduled = rewrite_fast_math(sch.mod["main"])[0]
-        return label, scheduled.with_attr("tirx.is_scheduled", True)
+        return label, mark_scheduled(scheduled)
 
     return family
 
@@ -61,8 +62,7 @@ def schedule_cpu(func: tirx.PrimFunc, target: Target,
                  families: Optional[Sequence[Tuple[str, Family]]] = None
                  ) -> Optional[Tuple[str, tirx.PrimFunc]]:
     """(rule name, scheduled function) from the first family that claims `func`, or None."""
-    if func.attrs is not None and "tirx.is_scheduled" in func.attrs and \
-            int(func.attrs["tirx.is_scheduled"]) == 1:
+    if is_scheduled(func):
         return None
     for _family, rule in (CPU_RULE_FAMILIES if families is None else families):
         result = rule(func, target)

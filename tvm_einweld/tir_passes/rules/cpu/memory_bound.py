@@ -27,6 +27,7 @@ from typing import Callable, Optional
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from .. import is_scheduled, mark_scheduled
 from .fast_math import rewrite_fast_math
 from .injective import (DATA_PAR, CpuParams, block_bytes, cpu_params, is_gemm_like,
                         loops_match_iters, schedule_injective, schedule_spatial_block)
@@ -45,7 +46,7 @@ MEMORY_BOUND_RULES: tuple[tuple[str, Rule], ...] = (
 def schedule_memory_bound(func: tirx.PrimFunc, target: Target, fast_math: bool = True
                           ) -> tuple[str, tirx.PrimFunc] | None:
     """(rule name, scheduled function) for one PrimFunc, or None when no rule claims it."""
-    if _is_scheduled(func):
+    if is_scheduled(func):
         return None
     for name, rule in MEMORY_BOUND_RULES:
         sch = rule(func, target)
@@ -56,13 +57,8 @@ def schedule_memory_bound(func: tirx.PrimFunc, target: Target, fast_math: bool =
             scheduled = sch.mod["main"]
             if fast_math:
                 scheduled = rewrite_fast_math(scheduled)[0]
-            return name, scheduled.with_attr("tirx.is_scheduled", True)
+            return name, mark_scheduled(scheduled)
     return None
-
-
-def _is_scheduled(func: tirx.PrimFunc) -> bool:
-    return bool(func.attrs is not None and "tirx.is_scheduled" in func.attrs
-                and int(func.attrs["tirx.is_scheduled"]) == 1)
 
 
 def schedule_eoperator(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
@@ -86,7 +82,7 @@ def schedule_eoperator(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
                 schedule_spatial_block(sch, block, params)
     # Marked like every rule's output: later passes (ApplyCPURules, TileGraphFusion, tuning)
     # leave it as it is; a Schedule over a loop_partition'd function would not even be valid.
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return mark_scheduled(sch.mod["main"])
 
 
 def parallel_rows(sch: s_tir.Schedule, block, params: CpuParams) -> None:
