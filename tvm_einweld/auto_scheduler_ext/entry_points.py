@@ -17,6 +17,7 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
 
+from ..tir_passes.rules import is_scheduled
 from .selectors import StrategySelector, make_selector
 from .strategies import Strategy
 from .task_loop import RoundCallback, TaskTuningResult, default_builder, tune_task
