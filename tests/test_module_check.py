@@ -7,9 +7,10 @@ same number; after the derivation pass turned the convs into numpy GEMMs, the ch
 differed by an ulp. Uniform weights also grow SqueezeNet's logits to ~1e10 (ulp 1024), so the
 softmax, decided by those ulps, put all its mass on a few classes. Every rewritten subprogram
 had been checked alone on inputs in [-1, 1] and agreed to 1e-7; the composed module, with
-its own constants, was never run. The fix lives in the verification: every stage's module
-is run whole against the module it was given (`verify.module_check`), with the model's own
-constants and with constant, zero and large inputs, and falls back when they disagree.
+its own constants, was never run. The fix lives in the verification: the module the pipeline
+returns is run whole against the given one (`verify.module_check`), with the model's own
+constants and with constant, zero and large inputs; when they disagree every stage's module is
+checked whole against its input and the stage at fault falls back.
 """
 from __future__ import annotations
 

@@ -79,6 +79,42 @@ def _doubled(mod):
     return bb.get()
 
 
+def test_only_the_final_module_is_checked_whole_when_it_agrees(rng):
+    """The stages check their parts; the module the pipeline returns is built and run whole
+    against the user's once (not once per stage)."""
+    mod = builtin_model(channels=8, size=10)
+    stages = tvm_einweld.EinweldOptimize("llvm", fuse_options={"topk": 2})
+    stages(mod)
+    assert [c.stage for c in stages.checks] == ["einweld pipeline"]
+    assert stages.checks[0].equal
+
+
+def test_a_wrong_stage_is_found_and_dropped_when_the_final_check_fails(monkeypatch, rng):
+    """Planted fault: the analytic-schedules stage returns a module computing twice the
+    result. The final check catches it, the stages run again each checked whole, that stage
+    is dropped (its input kept) and the module returned computes what the user's does."""
+    from tvm_einweld.tir_passes.rules.cpu import apply
+
+    real = apply.prepack_weights
+
+    def planted(target, rules=None, scheduler=None):
+        stage = real(target, rules, scheduler)
+        return tvm.transform.module_pass(lambda m, _ctx: _doubled(stage(m)), opt_level=0,
+                                         name="PlantedWrongSchedules")
+
+    monkeypatch.setattr(apply, "prepack_weights", planted)
+    mod = builtin_model(channels=8, size=10)
+    x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    stages = tvm_einweld.EinweldOptimize("llvm", derive=False, fuse_options={"topk": 2})
+    with pytest.warns(UserWarning, match="running the stages again"):
+        out = stages(mod)
+    verdicts = [(c.stage, c.equal) for c in stages.checks]
+    assert verdicts[0] == ("einweld pipeline", False)
+    assert ("analytic CPU schedules", False) in verdicts
+    assert verdicts[-1] == ("einweld pipeline", True)
+    np.testing.assert_allclose(run_vm(out, x), run_vm(mod, x), rtol=1e-4, atol=1e-4)
+
+
 def _planted_tuning(monkeypatch, module_of):
     """Replace the CPU tuning stage by one returning `module_of(untuned analytic module)` and a
     report that claims one tuned kernel (nothing is tuned: the planted module is what the

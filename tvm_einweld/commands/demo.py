@@ -142,7 +142,8 @@ def show_stages(stages) -> None:
                                                     sorted(families.items())) or "none"))
     print("Adaptive layout tuning (AL-Ansor):")
     print(f"  {tuning_summary(stages)}")
-    print("Whole-module checks (each stage's module run against the module it was given):")
+    print("Whole-module checks (the final module run against the given one; every stage's, "
+          "only if that fails):")
     for check in stages.checks:
         print(f"  {plain_note(str(check))}")
     if not stages.checks:

@@ -114,6 +114,8 @@ class DerivationTransform:
     (`cost_model`), no rewrite is confirmed by timing, and the search is bounded by states
     and depth only (not by `time_limit_s`, which ends a search at a point that depends on the
     machine's speed and load), so the same module always gets the same rewrites.
+    `check_whole=False` leaves the check of the whole returned module to the caller (the
+    einweld pipeline checks its final module whole).
     """
 
     def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 2.0,
@@ -125,7 +127,7 @@ class DerivationTransform:
                  log: Union[None, str, Path, list] = None,
                  confirm_by_measurement: bool = True, measured_attempts: int = 3,
                  measure: bool = True, search_budget_s: float = 20.0,
-                 min_search_s: float = 0.25) -> None:
+                 min_search_s: float = 0.25, check_whole: bool = True) -> None:
         self.budget = Budget(max_depth=max_depth, max_states=max_states,
                              time_limit_s=time_limit_s if measure else float("inf"), seed=seed)
         self.search_budget_s = search_budget_s
@@ -144,6 +146,7 @@ class DerivationTransform:
         self.confirm_by_measurement = confirm_by_measurement and measure
         self.measured_attempts = max(1, measured_attempts)
         self.last_results: Tuple[SubprogramResult, ...] = ()
+        self.check_whole = check_whole
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
         # Search outcomes of this pass object by operator signature (`_op_signature`), and the
         # signatures whose "no winner" decision was written to the decision cache.
@@ -159,8 +162,11 @@ class DerivationTransform:
         new_mod, results = self.analyse(mod, apply=True)
         self.last_results = results
         self._write_log(results)
-        # Each subprogram was checked alone; the module that is returned is checked whole.
+        # Each subprogram was checked alone; the module that is returned is checked whole
+        # (unless the caller checks a later module whole: the einweld pipeline).
         self.checks = []
+        if not self.check_whole:
+            return new_mod
         return checked("DerivationTransform", mod, new_mod, self.target, self.checks)
 
     def analyse(self, mod: tvm.IRModule, apply: bool = True

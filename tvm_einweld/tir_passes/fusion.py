@@ -54,11 +54,15 @@ def prepare() -> tvm.transform.Pass:
     """The passes that turn a Relax model into the input TileGraphFusion expects: stock
     legalisation and fusion, after strided transposed convolutions are split into their
     stride-1 phases (`relay_passes.conv_transpose_phases`: no multiply-adds of the zeros a
-    dilated input would hold). The derivation pass costs operators through this too."""
+    dilated input would hold) and reshapes, transposes and gathers of constants are folded
+    with numpy (`relay_passes.fold_data_movement`: FoldConstant compiles each one). The
+    derivation pass costs operators through this too."""
     from ..relay_passes.conv_transpose_phases import ConvTransposePhases
+    from ..relay_passes.fold_data_movement import FoldDataMovement
 
     return tvm.transform.Sequential([
         ConvTransposePhases,
+        FoldDataMovement,
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
@@ -162,12 +166,13 @@ class TileGraphFusion:
     `reference`: a module computing what the pass's input computes, with the same parameters
     (the einweld pipeline passes the module it gave `prepare()`, already built and run by the
     check of the stage before): the fused module is checked whole against it instead of
-    against the input, which is then neither built nor run once more.
+    against the input, which is then neither built nor run once more; `check_whole=False`
+    leaves the whole-module check to the caller (the einweld pipeline checks its final module).
     """
 
     def __init__(self, target, topk: int = 4, measure: bool | None = None, verify: bool = True,
                  device: Device | None = None, rules: bool = True,
-                 reference: ir.IRModule | None = None):
+                 reference: ir.IRModule | None = None, check_whole: bool = True):
         self.target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
         self.device = device or device_for_target(self.target)
         self.topk = topk
@@ -175,6 +180,7 @@ class TileGraphFusion:
         self.verify = verify
         self.rules = rules and self.target.kind.name == "llvm"
         self.reference = reference
+        self.check_whole = check_whole
         self.report: FusionReport | None = None
         self.checks: list = []  # the whole-module check of the last run (verify.module_check)
         self._measured = 0
@@ -185,7 +191,7 @@ class TileGraphFusion:
 
         self.checks = []
         fused = self._fuse(mod)
-        if not self.verify or fused is mod:
+        if not (self.verify and self.check_whole) or fused is mod:
             return fused
         # Equal to the reference means equal to what the input computes (see __init__); a
         # disagreement falls back to the input itself.

@@ -273,23 +273,25 @@ def check_module(stage: str, before, after, target, func_name: str = "main", see
                            time.perf_counter() - start)
 
 
+def check_if_runnable(stage: str, before, after, target, **options) -> ModuleCheck:
+    """`check_module`, or on a target with no device here (cross-compilation, e.g. cuda on a
+    machine without a GPU) a check marked not run, with a warning: nothing can run here, the
+    stages' own checks ran on the CPU."""
+    if not _has_device(target):
+        warnings.warn(f"{stage}: whole-module check skipped (no {_kind(target)} device on this "
+                      f"machine; the stages' own checks ran on the CPU)", stacklevel=3)
+        return ModuleCheck(stage, True, f"no {_kind(target)} device here: the module was not "
+                           f"run", 0.0, ran=False)
+    return check_module(stage, before, after, target, **options)
+
+
 def checked(stage: str, before, after, target, checks: Optional[list] = None, **options):
     """`after` when it agrees with `before` (see `check_module`), else `before` with a warning
     naming the stage: never a wrong answer. The check is appended to `checks` when given;
     an unchanged module (`after is before`) needs no check."""
     if after is before:
         return after
-    if not _has_device(target):
-        # Cross-compilation (e.g. cuda on a machine without a GPU): nothing can run here. The
-        # stages' own checks ran on the CPU; say plainly that the whole module was not run.
-        result = ModuleCheck(stage, True, f"no {_kind(target)} device here: the module was not run",
-                             0.0, ran=False)
-        if checks is not None:
-            checks.append(result)
-        warnings.warn(f"{stage}: whole-module check skipped (no {_kind(target)} device on this "
-                      f"machine; the stages' own checks ran on the CPU)", stacklevel=2)
-        return after
-    result = check_module(stage, before, after, target, **options)
+    result = check_if_runnable(stage, before, after, target, **options)
     if checks is not None:
         checks.append(result)
     if result.equal:

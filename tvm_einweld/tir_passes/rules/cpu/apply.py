@@ -14,7 +14,9 @@ with our analytic schedules where MetaSchedule's tuned ones would be:
                                   called from Relax before the `*_prepacked` kernel
     LiftTransformParams           (functions with a `num_input` attr) weights' packing goes into
                                   `<func>_transform_params`, run once by the user
-    FoldConstant                  packing of Relax constants is evaluated at compile time
+    FoldDataMovement              packing of Relax constants is evaluated at compile time, in
+                                  numpy (`relay_passes.fold_data_movement`: it only copies)
+    FoldConstant                  what numpy does not evaluate, with TVM's build
 
 so no packing runs at inference for constant weights.
 """
@@ -27,6 +29,7 @@ from tvm import relax
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
+from ....relay_passes.fold_data_movement import FoldDataMovement
 from . import ApplyCPURules, dlight_family
 from .gemm import GEMM
 
@@ -71,6 +74,7 @@ def prepack_weights(target: Target | str | dict,
             _kernels_without_symbols,
             relax.transform.SplitLayoutRewritePreproc(),
             relax.transform.LiftTransformParams(),
+            FoldDataMovement,  # the packing kernels, in numpy: FoldConstant compiles each
             relax.transform.FoldConstant(),
         ],
         name="PrepackWeights",
