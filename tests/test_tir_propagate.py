@@ -5,6 +5,7 @@ from tvm import relax
 from tvm.relax import op
 
 from tvm_einweld.tir_passes.cost import TileConfig, propagate_subgraph
+from tvm_einweld.tir_passes import tile_graph
 from tvm_einweld.tir_passes.tile_graph import build_tile_graph, subgraph
 
 
@@ -67,7 +68,19 @@ def test_softmax_row_reduction_needs_whole_rows():
     assert internal["T_softmax_exp"] == (4, 128)
 
 
-def test_gather_gets_a_conservative_bound():
+def test_a_gather_is_not_tiled():
+    """A load at an index read from memory bounds no region: the node stays out of the tile
+    graph (left to its own kernel)."""
+    mod = _single_op([("x", (100, 16), "float32"), ("i", (10,), "int64")],
+                     lambda x, i: op.take(x, i, axis=0))
+    assert build_tile_graph(mod).nodes == ()
+    assert all(tile_graph.gathers(f) for _, f in mod.functions_items()
+               if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def test_gather_gets_a_conservative_bound(monkeypatch):
+    """Were a gather tiled, propagation would bound its data by the whole tensor."""
+    monkeypatch.setattr(tile_graph, "gathers", lambda func: False)
     mod = _single_op([("x", (100, 16), "float32"), ("i", (10,), "int64")],
                      lambda x, i: op.take(x, i, axis=0))
     tiles, _, _ = _tiles(mod, (2, 16))

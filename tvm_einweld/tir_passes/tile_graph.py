@@ -154,11 +154,35 @@ def _node_of(mod: ir.IRModule, binding, name_of) -> Node | None:
         return None
     if is_scheduled(callee):
         return None  # already scheduled (e.g. by an earlier TileGraphFusion): not re-tiled
+    if gathers(callee):
+        return None
     inputs = [name_of(a) for a in args.fields]
     output = name_of(binding.var)
     if output is None or any(i is None for i in inputs):
         return None
     return Node(output, gvar, callee, tuple(inputs), output)
+
+
+def gathers(func: tirx.PrimFunc) -> bool:
+    """Whether `func` loads at an index read from memory (a gather: `take`, embedding
+    lookups). Such a node is not tileable: no propagation bounds the region its tile reads
+    (it is the whole input), so a tile gains no reuse, and its tile's local copy of the
+    gathered rows is as large as the tile times the row (Longformer's window gather: 4 MB
+    per tile; those groups failed their checks and cost 20 s of measuring per compile)."""
+    from .propagate import leaf_blocks
+    from .rules.cpu.injective import visit_exprs
+
+    found = []
+
+    def inner_load(expr) -> None:
+        if isinstance(expr, ir.TensorLoad):
+            for index in expr.indices:
+                visit_exprs(index, lambda e: found.append(e)
+                            if isinstance(e, ir.TensorLoad) else None)
+
+    for block in leaf_blocks(func):
+        visit_exprs(block.body, inner_load)
+    return bool(found)
 
 
 def _returned_names(expr, names) -> list[str]:
