@@ -129,9 +129,9 @@ class _CopyEvaluator:
         if isinstance(expr, tirx.Cast) and not str(expr.ty).startswith("float") and \
                 not str(expr.value.ty).startswith("float"):
             return self.index(expr.value)
-        if isinstance(expr, tirx.Select):
-            return np.where(self.index(expr.condition), self.index(expr.true_value),
-                            self.index(expr.false_value))
+        choice = _choice(expr)
+        if choice is not None:
+            return np.where(*(self.index(part) for part in choice))
         raise _NotACopy(f"index expression {type(expr).__name__}")
 
     def value(self, expr, points: int) -> np.ndarray:
@@ -246,14 +246,8 @@ def fold_copy_kernel(call: relax.Call, mod: tvm.IRModule,
     constants = [constant_of(a) for a in call.args[1].fields]
     if not isinstance(func, tirx.PrimFunc) or any(c is None for c in constants):
         return None
-    try:
-        shape, dtype = static_shape(call), str(call.ty.dtype)
-        value = evaluate_copy_kernel(func, [c.value.numpy() for c in constants])
-    except (_NotACopy, UnsupportedOperator, KeyError, AttributeError):
-        return None
-    if tuple(value.shape) != tuple(shape) or str(value.dtype) != dtype:
-        return None
-    return relax.const(value, dtype)
+    return _result(call, lambda shape: evaluate_copy_kernel(
+        func, [c.value.numpy() for c in constants]))
 
 
 def fold_call(call: relax.Call, constant_of: Callable[[relax.Expr], Optional[Constant]]
@@ -270,12 +264,20 @@ def fold_call(call: relax.Call, constant_of: Callable[[relax.Expr], Optional[Con
     constants = [constant_of(t) for t in tensors]
     if not constants or any(c is None for c in constants):
         return None
+    return _result(call, lambda shape: FOLDS[name](call, [c.value.numpy() for c in constants],
+                                                  shape))
+
+
+def _result(call: relax.Call, evaluate: Callable[[tuple], np.ndarray]) -> Optional[Constant]:
+    """`evaluate(static result shape)` as the constant `call` becomes, or None when it cannot
+    be evaluated (a `_NotACopy` is a ValueError) or its shape or dtype is not the call's static
+    result type."""
     try:
-        shape, dtype = static_shape(call), str(call.ty.dtype)
-        value = FOLDS[name](call, [c.value.numpy() for c in constants], tuple(shape))
-    except (UnsupportedOperator, ValueError, IndexError, TypeError, AttributeError):
+        shape, dtype = tuple(static_shape(call)), str(call.ty.dtype)
+        value = evaluate(shape)
+    except (UnsupportedOperator, ValueError, IndexError, TypeError, KeyError, AttributeError):
         return None
-    if tuple(value.shape) != tuple(shape) or str(value.dtype) != dtype:
+    if tuple(value.shape) != shape or str(value.dtype) != dtype:
         return None
     return relax.const(np.ascontiguousarray(value), dtype)
 
