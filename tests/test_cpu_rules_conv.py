@@ -79,6 +79,9 @@ CASES = {
     "depthwise_5x5_batch": ((2, 3, 12, 12), (3, 1, 5, 5), dict(padding=2, groups=3)),
     "depthwise_one_channel_pair": ((1, 2, 9, 9), (2, 1, 3, 3), dict(padding=1, groups=2)),
     "depthwise_multiplier": ((1, 4, 9, 9), (8, 1, 3, 3), dict(padding=1, groups=4)),
+    # 88 = 8 x 11 channels on a 28-wide map: no two-vector channel block divides 88 and no
+    # whole-vector row block divides 28 (this once left the rule with no block at all).
+    "3x3_88_channels": ((1, 8, 28, 28), (88, 8, 3, 3), dict(padding=1)),
 }
 
 
@@ -150,6 +153,18 @@ def test_register_block_is_exact_and_fits():
     assert rows.yb > 1 and rows.vectors <= isa.fma_units * isa.fma_latency
     small_map = conv.choose_conv_block(isa, conv.ConvShape(1, 512, 7, 7, "float32", (16, 32)))
     assert small_map.channels_in_lanes and small_map.mr % 16 == 0
+
+
+@pytest.mark.parametrize("isa", [VectorISA(128, 16, False), VectorISA(256, 16, True),
+                                 VectorISA(512, 32, True, masked=True)], ids=str)
+def test_every_shape_gets_an_exact_block_that_fits(isa):
+    for channels in range(1, 140):
+        for size in (1, 3, 7, 13, 14, 28, 56):
+            for share in (tuple(conv._divisors(channels)), (1,)):
+                blk = conv.choose_conv_block(isa, conv.ConvShape(1, channels, size, size,
+                                                                 "float32", share))
+                assert channels % blk.mr == 0 and size % blk.yb == 0 and size % blk.xb == 0
+                assert conv.gemm.fits_registers(isa, blk.broadcasts, blk.vectors)
 
 
 def test_planted_fault_wrong_weights_layout_is_caught():

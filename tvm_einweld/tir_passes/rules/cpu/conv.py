@@ -137,10 +137,9 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
             for mr in mrs:
                 candidates.append(ConvBlock(mr, yb, xb, lanes))
     # Channels in the lanes: any exact row / column block, mr a multiple of the lanes whose
-    # channels all read the same input (not depthwise); two weight vectors at least when the
-    # channels allow it (one vector per step measured 2x slower in the GEMM kernel).
-    min_mr = 2 * lanes if shape.channels >= 2 * lanes else lanes
-    for mr in [d for d in shape.rows_share_data if d % lanes == 0 and d >= min_mr]:
+    # channels all read the same input (not depthwise); two weight vectors at least where
+    # such a block fits (one vector per step measured 2x slower in the GEMM kernel), below.
+    for mr in [d for d in shape.rows_share_data if d % lanes == 0]:
         for yb in [d for d in _divisors(shape.height) if d <= MAX_Y_BLOCK]:
             for xb in _divisors(shape.width):
                 candidates.append(ConvBlock(mr, yb, xb, lanes, channels_in_lanes=True))
@@ -162,16 +161,19 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
     # Without masked vectors (`isa.masked`: AVX2, SSE, NEON) a row block of a partial vector
     # is built lane by lane, so such blocks are used only when no other block exists
     # (depthwise): 512 ch at 14x14 on a Zen core, 7-column rows 21 GFLOP/s, channels 32.
+    # One weight vector only when no block of two or more fits (88 = 8 x 11 channels).
+    min_mr = 2 * lanes if shape.channels >= 2 * lanes else lanes
+    channels = best_of([b for b in candidates if b.channels_in_lanes and b.mr >= min_mr]) or \
+        best_of([b for b in candidates if b.channels_in_lanes])
     row_blocks = [b for b in candidates if not b.channels_in_lanes]
     whole = [b for b in row_blocks if isa.masked or b.xb % lanes == 0]
-    if whole or any(b.channels_in_lanes for b in candidates):
+    if whole or channels is not None:  # partial-vector rows only when nothing else fits
         row_blocks = whole
     # One data vector per step makes every FMA wait on its own broadcast weight, as in the
     # GEMM rule (`gemm.choose_register_block`): two rows of one vector each where they fit
     # (64 ch at 56x56 on a Zen core: 4 ch x 2 rows 35.5 GFLOP/s, 8 ch x 1 row 30.1).
     row_blocks = [b for b in row_blocks if b.vectors >= 2] or row_blocks
     rows = best_of(row_blocks)
-    channels = best_of([b for b in candidates if b.channels_in_lanes])
     row_fill = rows[1].xb / (math.ceil(rows[1].xb / lanes) * lanes) if rows else 0.0
     best = channels if channels is not None and row_fill < 0.5 else rows
     assert best is not None  # mr = yb = xb = 1 always fits
