@@ -169,3 +169,32 @@ def test_best_seconds_stops_sampling_at_its_budget():
     calls.clear()
     machine.best_seconds(lambda: calls.append(1), repeats=5, min_time=0.0, budget=60.0)
     assert len(calls) == 6
+
+
+def test_memory_bound_operators_are_costed_like_eoperators(monkeypatch):
+    """A reshape or an add in a candidate is priced from its bytes, as eOperators are; a
+    matmul (compute-bound) is timed. Timing is replaced by a sentinel to see which is which."""
+    from tvm import relax
+
+    from tvm_einweld.relay_passes.op_cost import call_bytes, eop_seconds_from_bytes, \
+        program_kernels
+
+    monkeypatch.setattr(op_cost, "time_call", lambda call, target: 123.0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((6, 40), "float32"))
+    w = relax.Var("w", relax.TensorType((40, 16), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            z = bb.emit(relax.op.add(y, y))
+            r = bb.emit_output(relax.op.reshape(z, (96,)))
+        bb.emit_func_output(r)
+    mod = bb.get()
+    matmul, add, reshape = program_kernels(mod, "llvm")
+    assert matmul.measured and matmul.seconds == 123.0
+    assert not add.measured and not reshape.measured
+    bindings = mod["main"].body.blocks[0].bindings
+    add_call = bindings[1].value
+    assert add.seconds == pytest.approx(eop_seconds_from_bytes(
+        call_bytes([add_call.args[0], add_call.args[1]], add_call.ty)))
+    assert 0 < reshape.seconds < add.seconds  # half the traffic of the add

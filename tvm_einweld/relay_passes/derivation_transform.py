@@ -15,8 +15,9 @@ For every Relax function:
      (`instantiate.py`; matched matmuls take the faster provider);
    then, across operators, inter-expression merging: two operators that differ in one input
    become one operator on the concatenated inputs (EinNet §4.2, Algorithm 1 line 11);
-3. cost every candidate (`op_cost.program_kernels`: predefined operators timed on the
-   target, eOperators from bytes moved and measured bandwidth, weight-only kernels free
+3. cost every candidate (`op_cost.program_kernels`: compute-bound predefined operators
+   timed on the target, eOperators and memory-bound operators (reshape, add, ...) from
+   bytes moved and measured bandwidth, weight-only kernels free
    because `FoldConstant` evaluates them at compile time) and keep the cheapest; a
    non-original choice must beat the original by `min_speedup`;
 4. time the rewrite against the original subprogram (with `confirm_by_measurement`): one that

@@ -5,7 +5,12 @@
   in a few rounds, the fastest kept (`machine.fastest`); with `measure=False` it is
   estimated by the roofline at nominal peaks instead (`estimate_call`). Times are cached on
   disk under `machine.cache_dir()`, keyed by operator, argument shapes/dtypes, attributes and
-  target, so each distinct call is measured once per machine.
+  target, so each distinct call is measured once per machine. A predefined operator that is
+  memory-bound by its legalised kernels (a reshape, an add, a transpose) is costed like an
+  eOperator, from its bytes, not timed: one model for every memory-bound kernel of a
+  candidate, so a derived program's eOperators and its layout operators are held to the
+  same measure (timing them cost a build each, ~0.13 s, for kernels of a few microseconds:
+  43 of GCN's 132 derivation measurements).
 * An eOperator is estimated, not compiled: bytes moved / the copy bandwidth (this machine's
   measured one, `cost_model.measured_peaks`, or the nominal one of `measure=False`).
   eOperators are memory-bound by construction (EinNet only makes expressions of arithmetic
@@ -268,18 +273,24 @@ def is_memory_bound_call(func, inputs: Sequence, output_ty) -> bool:
     return memory_bound(kernel_flops(func), call_bytes(inputs, output_ty))
 
 
-def estimate_call(call, peaks: Peaks) -> float:
-    """A predefined operator's time by the roofline alone, nothing compiled or run: its
-    legalised PrimFuncs' `kernel_flops` at `peaks.flops`, or its bytes in and out at
-    `peaks.bandwidth`, whichever is longer."""
+def call_work(call) -> Tuple[Optional[int], int]:
+    """(FLOPs, bytes in and out) of a predefined operator: its legalised PrimFuncs'
+    `kernel_flops` (None when LegalizeOps makes no PrimFunc of it) and `call_bytes`."""
     import tvm
     from tvm import relax
 
     mod = relax.transform.LegalizeOps()(single_call_module(call))
-    work = sum(kernel_flops(f) for _, f in mod.functions.items()
-               if isinstance(f, tvm.tirx.PrimFunc))
-    moved = call_bytes(_tensor_inputs(call), call.ty)
-    return max(work / peaks.flops, moved / peaks.bandwidth)
+    funcs = [f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    work = sum(kernel_flops(f) for f in funcs) if funcs else None
+    return work, call_bytes(_tensor_inputs(call), call.ty)
+
+
+def estimate_call(call, peaks: Peaks) -> float:
+    """A predefined operator's time by the roofline alone, nothing compiled or run: its
+    FLOPs at `peaks.flops`, or its bytes in and out at `peaks.bandwidth`, whichever is
+    longer (`call_work`)."""
+    work, moved = call_work(call)
+    return max((work or 0) / peaks.flops, moved / peaks.bandwidth)
 
 
 def measure_call(call, target: str = "llvm", repeats: int = 5) -> float:
@@ -356,8 +367,8 @@ def program_kernels(mod, target, peaks: Optional[Peaks] = None) -> Tuple[Kernel,
             if name == "relax.call_tir":
                 label = "eop:" + _EOP_SUFFIX.sub("", call.args[0].name_hint)
                 func, moved = mod[call.args[0]], call_bytes(tensors, binding.var.ty)
-                memory_bound = is_memory_bound_call(func, tensors, binding.var.ty)
-                if not memory_bound and not folded:
+                eop_memory_bound = is_memory_bound_call(func, tensors, binding.var.ty)
+                if not eop_memory_bound and not folded:
                     # The bandwidth estimate only holds for memory-bound kernels; EinNet maps
                     # compute-bound expressions to predefined operators or not at all.
                     score = call_tir_intensity(func, tensors, binding.var.ty)
@@ -374,7 +385,12 @@ def program_kernels(mod, target, peaks: Optional[Peaks] = None) -> Tuple[Kernel,
             elif peaks is not None:
                 kernels.append(Kernel(name, estimate_call(call, peaks), False))
             else:
-                kernels.append(Kernel(name, time_call(call, target), True))
+                work, moved = call_work(call) if name.startswith("relax.") else (None, 0)
+                if work is not None and memory_bound(work, moved):
+                    # Costed like an eOperator (see the module docstring), not timed.
+                    kernels.append(Kernel(name, eop_seconds_from_bytes(moved), False))
+                else:
+                    kernels.append(Kernel(name, time_call(call, target), True))
     return tuple(kernels)
 
 
@@ -398,4 +414,4 @@ __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_inte
            "time_call", "measure_call", "static_shape", "tensor_nbytes", "single_call_module",
            "EOP_MAX_INTENSITY", "levels", "roofline_seconds", "kernel_flops", "estimate_call",
            "kernel_intensity", "call_bytes", "call_tir_intensity", "is_memory_bound_call",
-           "program_kernels"]
+           "program_kernels", "call_work"]
