@@ -138,3 +138,19 @@ def test_upper_level_traffic_counts_the_sub_tiles():
     assert half.traffic == whole.traffic + a_bytes
     assert half.num_tiles == 2 and whole.num_tiles == 1
     assert half.footprint < whole.footprint
+
+
+def test_graph_connecting_stops_measuring_configs_far_slower_than_apart():
+    """The best-ranked config of the fused pair measured 10x slower than its members apart:
+    the worse-ranked ones are not measured. One within 2x: every config is measured."""
+    graph, _ = _paper_graph(4096)
+    for fused_seconds, fused_calls in ((1.0, 1), (0.15, 3)):
+        calls = []
+
+        def evaluate(sub, cand):
+            calls.append(len(sub.nodes))
+            return fused_seconds if len(sub.nodes) > 1 else 0.05
+
+        graph_connecting(graph, cuda_device("v100"), topk=3, evaluate=evaluate)
+        assert calls.count(2) == fused_calls
+        assert calls.count(1) == 6  # each single node: all three configs (the bar is inf)
