@@ -99,8 +99,8 @@ class DerivationTransform:
     (`_search_limits`; the defaults, 1 s and 10 s, found the same derivations as 2 s and
     20 s on ResNet-18, GCN, InfoGAN, FSRCNN and DCGAN, whose searches hit their time limit
     after 75-140 states, and cut the derivation stage by 20-35 %; the remaining differences
-    were choices between candidates within the timing noise); operators computing the same function of their arguments share one
-    search, and one whose search found nothing cheaper is recorded in the decision cache
+    were choices between candidates within the timing noise); operators computing the same
+    function of their arguments share one search, and one whose search found nothing cheaper is recorded in the decision cache
     (`machine.cached`, keyed by its computation, the target, these settings and the package
     version) and not searched again, so its next compile repeats the decision; `rules` /
     `targets` override the rule set (`registry.default_rules`) and the converging targets;
