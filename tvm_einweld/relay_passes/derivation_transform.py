@@ -101,8 +101,8 @@ class DerivationTransform:
     after 75-140 states, and cut the derivation stage by 20-35 %; the remaining differences
     were choices between candidates within the timing noise); operators computing the same
     function of their arguments share one search, and one whose search found nothing
-    cheaper is recorded in the decision cache (`machine.cached`, keyed by its computation, the target, these settings and the package
-    version) and not searched again, so its next compile repeats the decision; `rules` /
+    cheaper is recorded in the decision cache (`machine.cached`, keyed by its computation,
+    the target, these settings and the package version) and not searched again, so its next compile repeats the decision; `rules` /
     `targets` override the rule set (`registry.default_rules`) and the converging targets;
     `target` (a `tvm.target.Target`, or the string or dict one is made from) is where
     candidates are timed and verified; `min_speedup` is the estimated gain a rewrite needs
