@@ -96,30 +96,29 @@ class DerivationTransform:
     Parameters: `max_depth`, `max_states`, `time_limit_s` (per operator) and `seed` bound the
     search; `search_budget_s` is the search time of a whole module, split over its distinct
     operators by FLOPs, each getting between `min_search_s` and `time_limit_s`
-    (`_search_limits`; the defaults, 1 s and 10 s, found the same derivations as 2 s and
-    20 s on ResNet-18, GCN, InfoGAN, FSRCNN and DCGAN, whose searches hit their time limit
-    after 75-140 states, and cut the derivation stage by 20-35 %; the remaining differences
-    were choices between candidates within the timing noise); operators computing the same
-    function of their arguments share one search, and one whose search found nothing
-    cheaper is recorded in the decision cache (`machine.cached`, keyed by its computation,
-    the target, these settings and the package version) and not searched again, so its next compile repeats the decision; `rules` /
-    `targets` override the rule set (`registry.default_rules`) and the converging targets;
-    `target` (a `tvm.target.Target`, or the string or dict one is made from) is where
-    candidates are timed and verified; `min_speedup` is the estimated gain a rewrite needs
-    (0 applies the cheapest alternative whatever it costs, for testing);
-    `max_instantiations` caps derived candidates per operator; `providers` enables the
-    numpy GEMM provider (a Python callback; off by default); `log` is a JSON-lines path or
-    a list receiving one record per subprogram; `confirm_by_measurement` times a verified
-    rewrite against the original subprogram and drops it unless it is `MIN_MEASURED_GAIN`
-    faster (the eOperator estimate is a lower bound for kernels that run below memory
-    bandwidth); the `measured_attempts` cheapest rewrites by
-    estimate are each verified and timed, and the fastest is kept. `measure=False` times
-    nothing: operators are costed by the roofline at the target's nominal peaks
-    (`cost_model`), no rewrite is confirmed by timing, and the search is bounded by states
-    and depth only (not by `time_limit_s`, which ends a search at a point that depends on the
-    machine's speed and load), so the same module always gets the same rewrites.
-    `check_whole=False` leaves the check of the whole returned module to the caller (the
-    einweld pipeline checks its final module whole).
+    (`_search_limits`; the defaults, 1 s and 10 s, found the same derivations as 2 s and 20 s
+    on ResNet-18, GCN, InfoGAN, FSRCNN and DCGAN, whose searches hit their time limit after
+    75-140 states, and cut the derivation stage by 20-35 %; the remaining differences were
+    choices between candidates within the timing noise); operators computing the same function
+    of their arguments share one search, and one whose search found nothing cheaper is recorded
+    in the decision cache (`machine.cached`, keyed by its computation, the target, these
+    settings and the package version) and not searched again, so its next compile repeats the
+    decision; `rules` / `targets` override the rule set (`registry.default_rules`) and the
+    converging targets; `target` (a `tvm.target.Target`, or the string or dict one is made
+    from) is where candidates are timed and verified; `min_speedup` is the estimated gain a
+    rewrite needs (0 applies the cheapest alternative whatever it costs, for testing);
+    `max_instantiations` caps derived candidates per operator; `providers` enables the numpy
+    GEMM provider (a Python callback; off by default); `log` is a JSON-lines path or a list
+    receiving one record per subprogram; `confirm_by_measurement` times a verified rewrite
+    against the original subprogram and drops it unless it is `MIN_MEASURED_GAIN` faster (the
+    eOperator estimate is a lower bound for kernels that run below memory bandwidth); the
+    `measured_attempts` cheapest rewrites by estimate are each verified and timed, and the
+    fastest is kept. `measure=False` times nothing: operators are costed by the roofline at the
+    target's nominal peaks (`cost_model`), no rewrite is confirmed by timing, and the search is
+    bounded by states and depth only (not by `time_limit_s`, which ends a search at a point
+    that depends on the machine's speed and load), so the same module always gets the same
+    rewrites. `check_whole=False` leaves the check of the whole returned module to the caller
+    (the einweld pipeline checks its final module whole).
     """
 
     def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 1.0,
