@@ -79,6 +79,10 @@ CASES = {
     "depthwise_5x5_batch": ((2, 3, 12, 12), (3, 1, 5, 5), dict(padding=2, groups=3)),
     "depthwise_one_channel_pair": ((1, 2, 9, 9), (2, 1, 3, 3), dict(padding=1, groups=2)),
     "depthwise_multiplier": ((1, 4, 9, 9), (8, 1, 3, 3), dict(padding=1, groups=4)),
+    # Output rows of 12 (AVX2: no whole 8-lane vector divides them): 128-bit vectors, after
+    # the stride-2 column phases.
+    "depthwise_stride2_narrow_rows": ((1, 6, 24, 24), (6, 1, 3, 3), dict(strides=2, padding=1,
+                                                                          groups=6)),
     # 88 = 8 x 11 channels on a 28-wide map: no two-vector channel block divides 88 and no
     # whole-vector row block divides 28 (this once left the rule with no block at all).
     "3x3_88_channels": ((1, 8, 28, 28), (88, 8, 3, 3), dict(padding=1)),
@@ -151,6 +155,12 @@ def test_register_block_is_exact_and_fits():
     rows = conv.choose_conv_block(isa, conv.ConvShape(1, 192, 28, 28, "float32", (1,)))
     # Rows blocked for independent accumulators, but no more than hide the FMA latency.
     assert rows.yb > 1 and rows.vectors <= isa.fma_units * isa.fma_latency
+    # Depthwise rows of 28 on AVX2 (3.5 vectors of 8): whole 4-lane (128-bit) vectors, not
+    # 7-lane ones assembled lane by lane; rows of 56 keep full vectors.
+    narrow_rows = conv.choose_conv_block(avx2, conv.ConvShape(1, 192, 28, 28, "float32", (1,)))
+    assert narrow_rows.lanes == 4 and narrow_rows.xb == 4
+    assert conv.choose_conv_block(avx2, conv.ConvShape(1, 144, 56, 56, "float32",
+                                                       (1,))).lanes == 8
     small_map = conv.choose_conv_block(isa, conv.ConvShape(1, 512, 7, 7, "float32", (16, 32)))
     assert small_map.channels_in_lanes and small_map.mr % 16 == 0
 
@@ -221,3 +231,12 @@ def test_depthwise_pads_each_plane_inside_its_parallel_channel_loop(name, in_cha
     shared = any(sch.get(sch.get_loops(b)[0]).same_as(outer) for b in kernel
                  if "conv" in sch.get(b).name_hint)
     assert shared == in_channel_loop
+
+
+def test_narrowed_vector_unit():
+    """128-bit FMAs on a 256-bit unit: a Zen 1 core (two 128-bit pipes) issues two per cycle
+    where it issues one 256-bit FMA; a core with 256-bit pipes issues two of either."""
+    zen1 = VectorISA(256, 16, True, fma_units=1, fma_latency=5, fma_pipe_bits=128)
+    assert zen1.narrowed(128).fma_units == 2 and zen1.narrowed(128).lanes("float32") == 4
+    assert VectorISA(256, 16, True).narrowed(128).fma_units == 2
+    assert zen1.narrowed(256) == zen1

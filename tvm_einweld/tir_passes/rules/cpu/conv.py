@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm
 from tvm import ir, s_tir, tirx
 from tvm.sym import Analyzer
 from tvm.target import Target
@@ -136,6 +137,8 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
                 continue
             for mr in mrs:
                 candidates.append(ConvBlock(mr, yb, xb, lanes))
+    if shape.depthwise and not isa.masked and not any(b.xb % lanes == 0 for b in candidates):
+        candidates += _narrow_row_blocks(isa, shape)
     # Channels in the lanes: any exact row / column block, mr a multiple of the lanes whose
     # channels all read the same input (not depthwise); two weight vectors at least where
     # such a block fits (one vector per step measured 2x slower in the GEMM kernel), below.
@@ -146,10 +149,11 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
     def best_of(blocks):
         best = None
         for blk in blocks:
-            if not gemm.fits_registers(isa, blk.broadcasts, blk.vectors):
+            unit = _unit(isa, blk, shape.dtype)
+            if not gemm.fits_registers(unit, blk.broadcasts, blk.vectors):
                 continue
             count = (shape.channels // blk.mr) * (shape.height // blk.yb) * (shape.width // blk.xb)
-            key = (count * gemm.micro_cycles(isa, blk.broadcasts, blk.vectors),
+            key = (count * gemm.micro_cycles(unit, blk.broadcasts, blk.vectors),
                    -blk.broadcasts * blk.vectors)
             if best is None or key < best[0]:
                 best = (key, blk)
@@ -166,7 +170,7 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
     channels = best_of([b for b in candidates if b.channels_in_lanes and b.mr >= min_mr]) or \
         best_of([b for b in candidates if b.channels_in_lanes])
     row_blocks = [b for b in candidates if not b.channels_in_lanes]
-    whole = [b for b in row_blocks if isa.masked or b.xb % lanes == 0]
+    whole = [b for b in row_blocks if isa.masked or b.xb % b.lanes == 0]
     if whole or channels is not None:  # partial-vector rows only when nothing else fits
         row_blocks = whole
     # One data vector per step makes every FMA wait on its own broadcast weight, as in the
@@ -174,10 +178,36 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
     # (64 ch at 56x56 on a Zen core: 4 ch x 2 rows 35.5 GFLOP/s, 8 ch x 1 row 30.1).
     row_blocks = [b for b in row_blocks if b.vectors >= 2] or row_blocks
     rows = best_of(row_blocks)
-    row_fill = rows[1].xb / (math.ceil(rows[1].xb / lanes) * lanes) if rows else 0.0
+    row_fill = rows[1].xb / (math.ceil(rows[1].xb / rows[1].lanes) * rows[1].lanes) \
+        if rows else 0.0
     best = channels if channels is not None and row_fill < 0.5 else rows
     assert best is not None  # mr = yb = xb = 1 always fits
     return best[1]
+
+
+def _unit(isa, block: ConvBlock, dtype: str):
+    """The vector unit as `block` uses it: full width, or narrowed to its lanes."""
+    if block.lanes == isa.lanes(dtype):
+        return isa
+    return isa.narrowed(block.lanes * tvm.runtime.DataType(dtype).bits)
+
+
+def _narrow_row_blocks(isa, shape: ConvShape) -> list:
+    """Depthwise row blocks of one narrower whole vector, for rows no full vector divides:
+    the low half of a register (128-bit <4 x float> on AVX2) is a legal vector that LLVM loads
+    in one instruction, where a 7-lane block of a 256-bit one is assembled lane by lane
+    (192 ch at 28x28 on a Zen 1 core, whose pipes are 128 bits wide: 106 -> 80 us)."""
+    blocks = []
+    bits = isa.bits // 2
+    while bits >= 128:
+        unit = isa.narrowed(bits)
+        lanes = unit.lanes(shape.dtype)
+        if lanes > 1 and shape.width % lanes == 0:
+            for yb in [d for d in _divisors(shape.height) if d <= MAX_Y_BLOCK]:
+                if yb <= unit.fma_units * unit.fma_latency:
+                    blocks.append(ConvBlock(1, yb, lanes, lanes))
+        bits //= 2
+    return blocks
 
 
 def _vars(expr) -> set:

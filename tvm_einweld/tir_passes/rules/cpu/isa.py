@@ -19,8 +19,10 @@ from tvm.target import codegen
 @dataclass(frozen=True)
 class VectorISA:
     """`bits`: vector register width; `registers`: architectural vector registers;
-    `fma`: fused multiply-add available; `fma_units` / `fma_latency`: pipes and cycles, used to
-    size the number of independent accumulators a micro-kernel needs; `masked`: partial
+    `fma`: fused multiply-add available; `fma_units` / `fma_latency`: full-width FMAs issued
+    per cycle and their cycles, used to size the number of independent accumulators a
+    micro-kernel needs; `fma_pipe_bits`: the width of one FMA pipe (0: as wide as the
+    registers; Zen 1: 128, a 256-bit FMA takes both pipes); `masked`: partial
     vectors load and store under a mask (AVX-512). Without masks LLVM builds a vector of fewer
     lanes than the register (<7 x float> on AVX2) from scalar loads and inserts: a 3x3 conv
     whose 7-column blocks were such vectors ran at 53 % of a Zen core's FMA peak, the same conv
@@ -32,10 +34,22 @@ class VectorISA:
     fma_units: int = 2
     fma_latency: int = 4
     masked: bool = False
+    fma_pipe_bits: int = 0
 
     def lanes(self, dtype: str) -> int:
         """Elements of `dtype` in one vector register (at least 1)."""
         return max(1, self.bits // tvm.runtime.DataType(dtype).bits)
+
+    def narrowed(self, bits: int) -> "VectorISA":
+        """The same unit used with `bits`-wide vectors (the low part of each register, e.g.
+        SSE's 128-bit ops on an AVX2 core): as many registers; each pipe issues one FMA per
+        cycle as wide as it or narrower (so a Zen 1 core issues two 128-bit FMAs per cycle but
+        one 256-bit one, an AVX2 core with 256-bit pipes two of either)."""
+        pipe = min(self.fma_pipe_bits or self.bits, self.bits)
+        pipes = max(1, self.fma_units * self.bits // pipe)
+        units = pipes if bits <= pipe else max(1, pipes * pipe // bits)
+        return VectorISA(bits, self.registers, self.fma, units, self.fma_latency, self.masked,
+                         self.fma_pipe_bits)
 
 
 def _has(feature: str, target: tvm.target.Target) -> bool:
@@ -66,7 +80,7 @@ def _with_pipes(isa: VectorISA, target: tvm.target.Target) -> VectorISA:
         return isa
     pipes, width, latency = FMA_PIPES[mcpu]
     units = max(1, pipes * min(width, isa.bits) // isa.bits)
-    return VectorISA(isa.bits, isa.registers, isa.fma, units, latency, isa.masked)
+    return VectorISA(isa.bits, isa.registers, isa.fma, units, latency, isa.masked, width)
 
 
 def vector_isa(target: tvm.target.Target | str) -> VectorISA:
