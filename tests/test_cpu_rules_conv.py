@@ -163,6 +163,14 @@ def test_register_block_is_exact_and_fits():
                                                        (1,))).lanes == 8
     small_map = conv.choose_conv_block(isa, conv.ConvShape(1, 512, 7, 7, "float32", (16, 32)))
     assert small_map.channels_in_lanes and small_map.mr % 16 == 0
+    # With 16 registers two weight vectors leave room for one position of a 7x7 map (4
+    # accumulators, FMA-latency bound): one weight vector and a row of 7 positions instead.
+    zen1 = VectorISA(256, 16, True, fma_units=1, fma_latency=5, fma_pipe_bits=128)
+    shared = tuple(conv._divisors(512))
+    seven = conv.choose_conv_block(zen1, conv.ConvShape(1, 512, 7, 7, "float32", shared))
+    assert seven.channels_in_lanes and seven.vectors == 1 and seven.broadcasts == 7
+    wide = conv.choose_conv_block(zen1, conv.ConvShape(1, 256, 14, 14, "float32", shared[:9]))
+    assert wide.vectors >= 2  # enough accumulators with two weight vectors: kept
 
 
 @pytest.mark.parametrize("isa", [VectorISA(128, 16, False), VectorISA(256, 16, True),

@@ -165,10 +165,16 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
     # Without masked vectors (`isa.masked`: AVX2, SSE, NEON) a row block of a partial vector
     # is built lane by lane, so such blocks are used only when no other block exists
     # (depthwise): 512 ch at 14x14 on a Zen core, 7-column rows 21 GFLOP/s, channels 32.
-    # One weight vector only when no block of two or more fits (88 = 8 x 11 channels).
+    # One weight vector per step only when no block of two or more fits (88 = 8 x 11
+    # channels) or the best of them has too few accumulators to cover the FMA latency: on a
+    # 7x7 map with 16 registers two weight vectors allow one position (512 ch on Zen 1: 32 ch
+    # x 1 position 46 GFLOP/s, 8 ch x 7 positions 72-78); where they allow enough (256 ch at
+    # 14x14: 16 ch x 2 x 2), they measured faster than one vector (78 vs 66).
     min_mr = 2 * lanes if shape.channels >= 2 * lanes else lanes
-    channels = best_of([b for b in candidates if b.channels_in_lanes and b.mr >= min_mr]) or \
-        best_of([b for b in candidates if b.channels_in_lanes])
+    channels = best_of([b for b in candidates if b.channels_in_lanes and b.mr >= min_mr])
+    if channels is None or \
+            channels[1].broadcasts * channels[1].vectors < isa.fma_units * isa.fma_latency:
+        channels = best_of([b for b in candidates if b.channels_in_lanes])
     row_blocks = [b for b in candidates if not b.channels_in_lanes]
     whole = [b for b in row_blocks if isa.masked or b.xb % b.lanes == 0]
     if whole or channels is not None:  # partial-vector rows only when nothing else fits
