@@ -273,16 +273,24 @@ def is_memory_bound_call(func, inputs: Sequence, output_ty) -> bool:
     return memory_bound(kernel_flops(func), call_bytes(inputs, output_ty))
 
 
+_CALL_WORK: Dict[str, Tuple[Optional[int], int]] = {}
+
+
 def call_work(call) -> Tuple[Optional[int], int]:
     """(FLOPs, bytes in and out) of a predefined operator: its legalised PrimFuncs'
-    `kernel_flops` (None when LegalizeOps makes no PrimFunc of it) and `call_bytes`."""
+    `kernel_flops` (None when LegalizeOps makes no PrimFunc of it) and `call_bytes`. Kept
+    per process by operator, shapes and attributes (`call_key`): legalising takes ~8 ms, and
+    every candidate program of a compile asks again for the operators it shares."""
     import tvm
     from tvm import relax
 
-    mod = relax.transform.LegalizeOps()(single_call_module(call))
-    funcs = [f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-    work = sum(kernel_flops(f) for f in funcs) if funcs else None
-    return work, call_bytes(_tensor_inputs(call), call.ty)
+    key = call_key(call, "")
+    if key not in _CALL_WORK:
+        mod = relax.transform.LegalizeOps()(single_call_module(call))
+        funcs = [f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+        work = sum(kernel_flops(f) for f in funcs) if funcs else None
+        _CALL_WORK[key] = (work, call_bytes(_tensor_inputs(call), call.ty))
+    return _CALL_WORK[key]
 
 
 def estimate_call(call, peaks: Peaks) -> float:

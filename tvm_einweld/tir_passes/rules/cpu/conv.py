@@ -202,7 +202,7 @@ def _narrow_row_blocks(isa, shape: ConvShape) -> list:
     """Depthwise row blocks of one narrower whole vector, for rows no full vector divides:
     the low half of a register (128-bit <4 x float> on AVX2) is a legal vector that LLVM loads
     in one instruction, where a 7-lane block of a 256-bit one is assembled lane by lane
-    (192 ch at 28x28 on a Zen 1 core, whose pipes are 128 bits wide: 106 -> 80 us)."""
+    (192 ch at 28x28 on a Zen 1 core, whose pipes are 128 bits wide: 105 -> 75 us)."""
     blocks = []
     bits = isa.bits // 2
     while bits >= 128:

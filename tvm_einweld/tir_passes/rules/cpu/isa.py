@@ -47,9 +47,14 @@ class VectorISA:
         one 256-bit one, an AVX2 core with 256-bit pipes two of either)."""
         pipe = min(self.fma_pipe_bits or self.bits, self.bits)
         pipes = max(1, self.fma_units * self.bits // pipe)
-        units = pipes if bits <= pipe else max(1, pipes * pipe // bits)
-        return VectorISA(bits, self.registers, self.fma, units, self.fma_latency, self.masked,
-                         self.fma_pipe_bits)
+        return VectorISA(bits, self.registers, self.fma, _fma_units(pipes, pipe, bits),
+                         self.fma_latency, self.masked, self.fma_pipe_bits)
+
+
+def _fma_units(pipes: int, pipe_bits: int, bits: int) -> int:
+    """FMAs on `bits`-wide vectors issued per cycle by `pipes` pipes `pipe_bits` wide: one per
+    pipe when the vector fits a pipe, else the vector takes several pipes."""
+    return max(1, pipes * min(pipe_bits, bits) // bits)
 
 
 def _has(feature: str, target: tvm.target.Target) -> bool:
@@ -79,8 +84,8 @@ def _with_pipes(isa: VectorISA, target: tvm.target.Target) -> VectorISA:
     if mcpu not in FMA_PIPES:
         return isa
     pipes, width, latency = FMA_PIPES[mcpu]
-    units = max(1, pipes * min(width, isa.bits) // isa.bits)
-    return VectorISA(isa.bits, isa.registers, isa.fma, units, latency, isa.masked, width)
+    return VectorISA(isa.bits, isa.registers, isa.fma, _fma_units(pipes, width, isa.bits),
+                     latency, isa.masked, width)
 
 
 def vector_isa(target: tvm.target.Target | str) -> VectorISA:
