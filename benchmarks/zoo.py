@@ -2,8 +2,9 @@
 
 The same code as `python -m tvm_einweld bench`; see `--help`. `--quick` measures three
 small models without tuning in a few minutes on 2 cores; without it every zoo model is
-measured with 128 MetaSchedule trials per model for each tuned runner (4-5 hours on 2
-cores). `--trials`, `--models`, `--runners`, `--batch` override either preset.
+measured with 256 MetaSchedule trials per model for each tuned runner (hours on 2 cores:
+`--resume` continues a cut-short run from its report and tuning databases).
+`--trials`, `--models`, `--runners`, `--batch` override either preset.
 
 Every runner runs in its own worker process with every runtime given the physical cores
 (`--threads` to change; the report lists each runner's settings as read back from its

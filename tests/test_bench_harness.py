@@ -128,7 +128,13 @@ def test_stock_tvm_tuned_with_trials_is_correct_and_writes_records(tmp_path) -> 
     inputs = random_inputs(model)
     run = TVM_TUNED_NO_PREPACK.prepare(model, 4, tmp_path)
     assert compare_outputs(run(inputs), reference_outputs(model, inputs)).ok
-    assert (tmp_path / "database_tuning_record.json").stat().st_size > 0
+    records = tmp_path / "database_tuning_record.json"
+    assert records.stat().st_size > 0
+    # A resumed benchmark applies the finished database again instead of searching anew.
+    saved = records.read_bytes()
+    run = TVM_TUNED_NO_PREPACK.prepare(model, 4, tmp_path)
+    assert compare_outputs(run(inputs), reference_outputs(model, inputs)).ok
+    assert records.read_bytes() == saved
 
 
 # ---- roofline ----------------------------------------------------------------------------------

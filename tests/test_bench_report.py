@@ -155,6 +155,33 @@ def test_suite_reports_each_finished_model(tmp_path, monkeypatch) -> None:
     assert not any("busy" in n for n in final.notes)
 
 
+def test_json_report_reads_back_as_written() -> None:
+    result = _suite()
+    assert report.from_json(report.to_json(result)) == result
+
+
+def test_a_cut_short_run_resumes_with_its_rows_and_settings(tmp_path, monkeypatch) -> None:
+    """`--resume` keeps the saved rows as they were (samples, start, wall time), measures only
+    the missing model, and refuses a run with other settings."""
+    monkeypatch.setattr(suite, "describe_machine", lambda: MACHINE)
+    argv = dict(models="fsrcnn,nerf", runners="onnxruntime", repeats=2, threads=1)
+    config = suite.with_overrides(suite.QUICK, models=("fsrcnn",), runners=("onnxruntime",),
+                                  baseline="onnxruntime",
+                                  plan=dataclasses.replace(suite.QUICK.plan, repeats=2,
+                                                           threads=1))
+    earlier = suite.run_suite(config, log=lambda s: None)
+    report.write_report(earlier, tmp_path / "r.md", chart=False)
+    with pytest.raises(UserError, match="threads 1 then, 2 now"):
+        bench.run(_args(tmp_path, quick=True, resume=True, **{**argv, "threads": 2}))
+    assert bench.run(_args(tmp_path, quick=True, resume=True, no_chart=True, **argv)) == 0
+    resumed = report.from_json((tmp_path / "r.json").read_text())
+    assert [m.model for m in resumed.models] == ["fsrcnn", "nerf"]
+    assert resumed.models[0] == earlier.models[0]
+    assert resumed.started_utc == earlier.started_utc
+    assert resumed.wall_seconds > earlier.wall_seconds
+    assert any(n.startswith("resumed ") for n in resumed.notes)
+
+
 def test_suite_says_when_the_machine_was_busy(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(suite, "describe_machine", lambda: MACHINE)
     monkeypatch.setattr(suite, "load_average", lambda: 9.0)

@@ -262,6 +262,35 @@ def to_json(suite: SuiteResult) -> str:
     return json.dumps(data, indent=1, default=default)
 
 
+def from_json(text: str) -> SuiteResult:
+    """The SuiteResult `to_json` wrote (its derived fields, median and spread, recomputed)."""
+    from .harness import RunnerResult
+    from .roofline import GraphCost
+    from .timing import Timing
+
+    data = json.loads(text)
+
+    def runner(r: dict) -> RunnerResult:
+        timing = r.get("timing")
+        return RunnerResult(
+            r["runner"], r["status"], r["detail"], r.get("prepare_seconds"),
+            Timing(timing["name"], tuple(timing["samples"]), timing["calls_per_round"])
+            if timing else None,
+            tuple(tuple(kv) for kv in r.get("settings", ())), r.get("pid"), r.get("error"))
+
+    def model(m: dict) -> ModelResult:
+        return ModelResult(m["model"], m["batch"], GraphCost(**m["cost"]) if m["cost"] else None,
+                           tuple(runner(r) for r in m["results"]),
+                           tuple(tuple(s) for s in m.get("stand_ins", ())),
+                           m.get("load_before"), m.get("load_after"))
+
+    return SuiteResult(
+        data["command"], data["started_utc"], data["wall_seconds"], MachineInfo(**data["machine"]),
+        data["load_average"], data["trials"], tuple(data["runners"]), data["baseline"],
+        tuple(model(m) for m in data["models"]), tuple(data.get("notes", ())),
+        data.get("load_after"), data.get("threads"), data.get("isolated", True))
+
+
 def write_report(suite: SuiteResult, markdown_path: Path, chart: bool = True) -> list[str]:
     """Write `markdown_path`, a `.json` next to it and (if possible) a `.png` chart.
 

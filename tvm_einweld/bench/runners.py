@@ -185,6 +185,9 @@ def _tvm_tuned(prepack: bool) -> PrepareFn:
     layout rewrites the tuned kernels want into a separate `main_transform_params`
     function, run once here (not timed) as a deployment would at load time. Without it the
     weights stay constants in their ONNX layout.
+    A `tuned_<trials>.done` file in `work_dir` marks finished tuning: a resumed benchmark
+    applies that database again instead of searching anew (MetaSchedule itself would spend the
+    whole budget again, seeded by the records).
     """
 
     def prepare(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:
@@ -195,13 +198,17 @@ def _tvm_tuned(prepack: bool) -> PrepareFn:
         target = host_target()
         mod, params = relax.frontend.detach_params(
             from_onnx(model, keep_params_in_input=prepack))
-        per_task = -(-trials // count_tuning_tasks(mod, target)) if trials > 0 else None
+        finished = work_dir / f"tuned_{trials}.done"
+        search = trials if trials > 0 and not finished.exists() else 0
+        per_task = -(-search // count_tuning_tasks(mod, target)) if search > 0 else None
         work_dir.mkdir(parents=True, exist_ok=True)
         with measurement_settings():
             mod = relax.pipeline.static_shape_tuning_pipeline(
-                total_trials=trials, target=target, work_dir=str(work_dir),
+                total_trials=search, target=target, work_dir=str(work_dir),
                 cpu_weight_prepack=prepack, max_trials_per_task=per_task,
             )(mod)
+        if search > 0:
+            finished.write_text(f"{trials} trials\n")
         executable = tvm.compile(mod, target)
         weights = []
         if prepack and "main" in params:

@@ -41,11 +41,12 @@ ALL_MODELS = ("infogan", "dcgan", "fsrcnn", "gcn", "resnet18", "csrnet", "longfo
 # minutes per task on a busy 2-core machine); `--trials N` adds a budget.
 QUICK = BenchConfig(models=("infogan", "fsrcnn", "mobilenetv2"), trials=0,
                     plan=TimingPlan(repeats=5, warmup=1))
-# Every model at batch 1 with 128 MetaSchedule trials per model for each tuned runner. On 2
-# cores this takes 4-5 hours (measured: 2-5 min of stock tuning for the GAN generators and
-# FSRCNN, 15 min for GCN, and as much again wherever stock pre-packing is wrong and its
-# stand-in is tuned); `--models`, `--trials` and `--runners` cut it down.
-FULL = BenchConfig(models=ALL_MODELS, trials=128, plan=TimingPlan(repeats=5, warmup=1))
+# Every model at batch 1 with 256 MetaSchedule trials per model for each tuned runner (the
+# budget issue 15 compares at). On 2 cores this takes hours (at 128 trials: 2-5 min of stock
+# tuning for the GAN generators and FSRCNN, 15 min for GCN, and as much again wherever stock
+# pre-packing is wrong and its stand-in is tuned); `--resume` continues a cut-short run;
+# `--models`, `--trials` and `--runners` cut it down.
+FULL = BenchConfig(models=ALL_MODELS, trials=256, plan=TimingPlan(repeats=5, warmup=1))
 
 
 def resolve_runners(names: Sequence[str]) -> list[Runner]:
@@ -57,18 +58,24 @@ def resolve_runners(names: Sequence[str]) -> list[Runner]:
 
 def run_suite(config: BenchConfig, command: Optional[str] = None,
               log: Callable[[str], None] = print,
-              on_model: Optional[Callable[[SuiteResult], None]] = None) -> SuiteResult:
+              on_model: Optional[Callable[[SuiteResult], None]] = None,
+              resume: Optional[SuiteResult] = None) -> SuiteResult:
     """Measure every (model, batch) of `config`; batches a model does not fit are skipped.
 
     `on_model` gets the result so far after each (model, batch), so a long run that is cut
-    short still leaves its finished rows (the notes say how many are still to come)."""
+    short still leaves its finished rows (the notes say how many are still to come).
+    `resume`, such a cut-short result of the same configuration, supplies its rows, start,
+    machine and wall time; only the rows it lacks are measured (tuning runners continue from
+    the databases in `config.work_dir`)."""
     runners = resolve_runners(config.runners)
     for m in config.models:
         get_model(m)  # fail early on a typo, before any tuning
+    if resume is not None:
+        check_resumable(resume, config)
     started = datetime.datetime.now(datetime.timezone.utc)
     start = time.perf_counter()
     load = load_average()
-    machine = describe_machine()
+    machine = describe_machine() if resume is None else resume.machine
     log(f"machine: {machine.describe()}")
     threads = config.plan.thread_count()
     log(f"every runtime gets {threads} threads"
@@ -79,7 +86,12 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
                      "its weight-prepack rewrites with TVM's default (unscheduled) kernels")
     for note in notes:
         log(note)
-    results: list[ModelResult] = []
+    results: list[ModelResult] = list(resume.models) if resume else []
+    done = {(m.model, m.batch) for m in results}
+    if resume is not None:
+        notes += [n for n in resume.notes if n.startswith("resumed ")]
+        notes.append(f"resumed {started.isoformat(timespec='seconds')} with {len(done)} "
+                     f"row(s) of the run started {resume.started_utc}")
 
     def result(notes_now: list[str]) -> SuiteResult:
         load_now = load_average()
@@ -91,10 +103,10 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
                 "measure again on an idle machine before quoting them"]
         return SuiteResult(
             command=command or " ".join(shlex.quote(a) for a in sys.argv),
-            started_utc=started.isoformat(timespec="seconds"),
-            wall_seconds=time.perf_counter() - start,
+            started_utc=resume.started_utc if resume else started.isoformat(timespec="seconds"),
+            wall_seconds=time.perf_counter() - start + (resume.wall_seconds if resume else 0.0),
             machine=machine,
-            load_average=load,
+            load_average=resume.load_average if resume else load,
             trials=config.trials,
             runners=tuple(r.name for r in runners),
             baseline=config.baseline,
@@ -113,6 +125,9 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
                 if batch not in entry.batches:
                     log(f"{name}: batch {batch} does not fit this machine class, skipped")
                     continue
+                if (name, batch) in done:
+                    log(f"{name} batch {batch}: measured in the run being resumed")
+                    continue
                 log(f"{name} batch {batch}: {entry.summary}")
                 results.append(benchmark_model(name, entry.build(batch), batch, runners,
                                                config.trials, work_dir, config.plan, log=log))
@@ -120,6 +135,18 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
                     left = len(config.models) - 1 - config.models.index(name)
                     on_model(result(notes + [f"partial: {left} more model(s) to measure"]))
     return result(notes)
+
+
+def check_resumable(earlier: SuiteResult, config: BenchConfig) -> None:
+    """Raise ValueError unless `earlier` measured what `config` measures (same budget,
+    runners, baseline, thread count and isolation), so its rows and the new ones compare."""
+    now = (config.trials, tuple(config.runners), config.baseline,
+           config.plan.thread_count() if config.plan.isolate else None, config.plan.isolate)
+    then = (earlier.trials, earlier.runners, earlier.baseline, earlier.threads, earlier.isolated)
+    names = ("trials", "runners", "baseline", "threads", "isolation")
+    differ = [f"{n} {a!r} then, {b!r} now" for n, a, b in zip(names, then, now) if a != b]
+    if differ:
+        raise ValueError("cannot resume a run with other settings: " + "; ".join(differ))
 
 
 def with_overrides(config: BenchConfig, **changes) -> BenchConfig:
