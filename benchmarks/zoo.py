@@ -18,13 +18,14 @@ import argparse
 import shlex
 import sys
 
-from tvm_einweld.cli import UserError
+from tvm_einweld.cli import UserError, show_progress
 from tvm_einweld.commands import bench
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="benchmarks/zoo.py", description=bench.HELP)
     bench.add_arguments(parser)
     args = parser.parse_args()
+    show_progress()
     args.command_line = "python benchmarks/zoo.py " + " ".join(map(shlex.quote, sys.argv[1:]))
     try:
         sys.exit(bench.run(args))

@@ -58,6 +58,16 @@ class _Elapsed(logging.Formatter):
         return f"[{time.perf_counter() - self.start:7.1f} s] {record.getMessage()}"
 
 
+def show_progress() -> None:
+    """Progress of long stages on stderr, elapsed seconds first, so stdout (--json) stays
+    clean (the commands log it to `tvm_einweld.progress`)."""
+    progress = logging.StreamHandler(sys.stderr)
+    progress.setFormatter(_Elapsed())
+    logger = logging.getLogger("tvm_einweld.progress")
+    logger.addHandler(progress)
+    logger.setLevel(logging.INFO)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -70,12 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = argparse.ArgumentParser(prog=f"python -m tvm_einweld {name}", description=module.HELP)
     module.add_arguments(sub)
     args = sub.parse_args(argv[1:])
-    # Progress of long stages on stderr, elapsed seconds first, so stdout (--json) stays clean.
-    progress = logging.StreamHandler(sys.stderr)
-    progress.setFormatter(_Elapsed())
-    logger = logging.getLogger("tvm_einweld.progress")
-    logger.addHandler(progress)
-    logger.setLevel(logging.INFO)
+    show_progress()
     try:
         return int(module.run(args) or 0)
     except UserError as err:

@@ -101,10 +101,18 @@ def _bind(value: tirx.Expr, body: Callable[[tirx.Expr], tirx.Expr], name: str) -
     return tirx.Let(var, value, body(var))
 
 
+def _isnan(x: tirx.Expr) -> tirx.Expr:
+    """x is a NaN: its exponent bits all set and its mantissa not zero, i.e. |bits| above
+    +inf's. Integer and/compare vectorise; `tirx.isnan` is a call TVM's VectorizeLoop does not
+    know, so a loop containing it was scalarised whole (softmax's exp loop ran 8 scalar exps
+    where one vector of 8 was meant), and `x != x` is folded to false by TVM's simplifier."""
+    bits = tirx.reinterpret("int32", x)
+    return (bits & tirx.const(0x7FFFFFFF, "int32")) > tirx.const(0x7F800000, "int32")
+
+
 def _keep_nan(x: tirx.Expr, result: tirx.Expr) -> tirx.Expr:
-    # min/max lower to compare+select, which drop a NaN operand; put it back. (`x != x` would
-    # not do: TVM's simplifier folds it to false.)
-    return tirx.Select(tirx.isnan(x), x, result)
+    # min/max lower to compare+select, which drop a NaN operand; put it back.
+    return tirx.Select(_isnan(x), x, result)
 
 
 def _pow2(n: tirx.Expr) -> tirx.Expr:
