@@ -6,7 +6,6 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from tvm_einweld import machine as machine_mod
 from tvm_einweld.bench.check import compare_outputs
