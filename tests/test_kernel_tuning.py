@@ -115,3 +115,60 @@ def test_tuned_kernels_equal_the_stock_build(tmp_path, rng):
     x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
     got = run_vm(tvm.compile(tuned, target), x)
     np.testing.assert_allclose(got, run_vm(mod, x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_tile_group_is_a_task_whose_program_replaces_its_kernel(host_target, rng):
+    """TileGraphFusion pairs each tile kernel with its group's merged function; the tuner finds
+    the pair from the kernel as task extraction hands it out (renamed, with added attributes),
+    tunes the merged function, and a chosen program takes the kernel's place. The merged
+    function itself stands in for a tuned program here (same parameters, unscheduled): the
+    assembled module still computes what the model computes."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm_einweld.auto_scheduler_ext.entry_points import prepare_relax
+    from tvm_einweld.tir_passes import TileGraphFusion, prepare, workloads
+    from tvm_einweld.tir_passes.rules import is_scheduled
+
+    mod = workloads.matmul_softmax(64, 16, 48)
+    with host_target:
+        fuse = TileGraphFusion(host_target, measure=False)
+        fused = fuse(prepare()(mod))
+    (kernel, merged), = fuse.report.unscheduled
+    assert is_scheduled(kernel) and not is_scheduled(merged)
+    prepared = prepare_relax(fused, None, host_target)
+    tiles = [t for t in ms.relax_integration.extract_tasks(prepared, host_target)
+             if is_scheduled(t.dispatched[0])]
+    assert len(tiles) == 1
+    task_kernel = tiles[0].dispatched[0]["main"]
+    assert kernel_tuning._merged_of(task_kernel, fuse.report.unscheduled).same_as(merged)
+    task = kernel_tuning._tile_task(task_kernel, merged)
+    assert not is_scheduled(task) and task.body.same_as(merged.body)
+
+    assembled = kernel_tuning._replace_tile_kernels(prepared, [(kernel, merged)])
+    assert kernel_tuning._changed_kernels(prepared, assembled) == {tiles[0].task_name}
+    x, w = (rng.uniform(-1, 1, [int(d) for d in p.ty.shape]).astype("float32")
+            for p in mod["main"].params)
+    np.testing.assert_allclose(run_vm(assembled, x, w), run_vm(mod, x, w),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_tile_group_is_tuned(tmp_path, rng):
+    """A real (short) tuning of a tile-fused matmul + softmax: the group is a task that gets
+    trials, and the module computes what the model computes, whichever program won."""
+    from tvm_einweld.tir_passes import TileGraphFusion, prepare, workloads
+    from tvm_einweld.tir_passes.device import host_target
+
+    target = tvm.target.Target({**dict(host_target().export()), "num-cores": 2})
+    mod = workloads.matmul_softmax(128, 32, 64)
+    with target:
+        fuse = TileGraphFusion(target, measure=False)
+        fused = fuse(prepare()(mod))
+    tuned, report = kernel_tuning.tune_kernels(fused, target, str(tmp_path), 16,
+                                               tile_groups=fuse.report.unscheduled,
+                                               num_trials_per_iter=8)
+    (choice,) = report.choices
+    assert choice.tile and choice.trials == 16 and not report.not_tasks
+    x, w = (rng.uniform(-1, 1, [int(d) for d in p.ty.shape]).astype("float32")
+            for p in mod["main"].params)
+    np.testing.assert_allclose(run_vm(tvm.compile(tuned, target), x, w), run_vm(mod, x, w),
+                               rtol=1e-5, atol=1e-6)

@@ -45,7 +45,7 @@ def test_pipeline_with_tuning_matches_the_stock_build(tmp_path, rng):
     np.testing.assert_allclose(run_vm(ex, x), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_derived_kernels_survive_the_tuning_stage_preparation(rng):
+def test_derived_kernels_survive_the_tuning_stage_preparation(rng, fresh_decisions):
     """The tuning stage legalises and fuses the derived module again (FuseTIR copies a
     kernel's global symbol into the kernel it makes): the result must still build and equal
     the stock build. A rewrite is forced (min_speedup=0, no measured confirmation) so
@@ -116,18 +116,63 @@ def test_a_wrong_stage_is_found_and_dropped_when_the_final_check_fails(monkeypat
 
 
 def _planted_tuning(monkeypatch, module_of):
-    """Replace the CPU tuning stage by one returning `module_of(untuned analytic module)` and a
-    report that claims one tuned kernel (nothing is tuned: the planted module is what the
-    pipeline's own checks must judge)."""
+    """Replace the CPU tuning stage by one returning `module_of(untuned analytic module)` for
+    each variant and a report that claims one tuned kernel in each (nothing is tuned: the
+    planted modules are what the pipeline's own checks must judge). Returns the list of the
+    variant counts it was called with."""
     from tvm_einweld.auto_scheduler_ext import kernel_tuning
     from tvm_einweld.auto_scheduler_ext.kernel_tuning import KernelChoice, TuningReport
     from tvm_einweld.tir_passes.rules.cpu.apply import prepack_weights
 
-    def planted(base, target, work_dir, trials, **kwargs):
-        choice = KernelChoice("k", 1, trials, 2e-6, 1e-6, "tuned", "faster")
-        return module_of(prepack_weights(target)(base)), TuningReport((choice,), trials, trials)
+    calls = []
 
-    monkeypatch.setattr(kernel_tuning, "tune_kernels", planted)
+    def planted(bases, target, work_dir, trials, **kwargs):
+        calls.append(len(bases))
+        choice = KernelChoice("k", 1, trials, 2e-6, 1e-6, "tuned", "faster")
+        return ([module_of(prepack_weights(target)(base)) for base in bases],
+                TuningReport((choice,), trials, trials, (), (1,) * len(bases)))
+
+    monkeypatch.setattr(kernel_tuning, "tune_variants", planted)
+    return calls
+
+
+def _planted_comparisons(monkeypatch, *faster):
+    """Planted timings: the n-th whole-module comparison of the tuning stage finds its second
+    module twice as fast in every round when `faster[n]`, twice as slow otherwise."""
+    from tvm_einweld import einweld_pipeline
+    from tvm_einweld.tir_passes.measure import Comparison
+
+    verdicts = iter(faster)
+    monkeypatch.setattr(einweld_pipeline, "compare_modules",
+                        lambda before, after, target, ratio, rounds=7, **kw: Comparison(
+                            2.0, 1.0, rounds, rounds, ratio) if next(verdicts) else
+                        Comparison(1.0, 2.0, rounds, 0, ratio))
+
+
+@pytest.mark.parametrize("without_wins", [True, False], ids=["dropped", "kept"])
+def test_the_derivation_is_revisited_with_tuned_times(tmp_path, monkeypatch, rng, without_wins,
+                                                      fresh_decisions):
+    """trials > 0 after a derivation rewrote the model: the module without its rewrites is
+    lowered and tuned too (one tuning call, two variants), the two tuned modules are compared
+    whole, and the faster is used: planted timings make the one without the rewrites win (or
+    lose); either way the module computes what the model computes and the summary says
+    which."""
+    from tvm_einweld.commands.demo import tuning_summary
+
+    calls = _planted_tuning(monkeypatch, lambda m: m)
+    _planted_comparisons(monkeypatch, without_wins, True)  # then: it beats 0 trials
+    mod = builtin_model(channels=8, size=10)
+    x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    stages = tvm_einweld.EinweldOptimize("llvm", trials=4, work_dir=str(tmp_path), fuse=False,
+                                         derive_options={"min_speedup": 0.0,
+                                                         "confirm_by_measurement": False})
+    out = stages(mod)
+    assert any(r.applied for r in stages.derivation.last_results)
+    assert calls == [2] and stages.tuned
+    assert stages.tuned_variant == (1 if without_wins else 0)
+    word = "dropped" if without_wins else "kept"
+    assert f"the derivation's rewrites were {word}" in tuning_summary(stages)
+    np.testing.assert_allclose(run_vm(out, x), run_vm(mod, x), rtol=1e-4, atol=1e-4)
 
 
 def test_a_wrong_tuned_module_is_not_used(tmp_path, monkeypatch, rng):
@@ -164,7 +209,7 @@ def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
         stages(mod)
     assert stages.tuning_check.equal and not stages.tuned
     assert stages.tuning_seconds == (1.0, 2.0)
-    assert "1 tasks, 4 trials spent" in tuning_summary(stages)
+    assert "1 tasks (0 of them tile groups), 4 trials spent" in tuning_summary(stages)
     assert "NOT used: not faster" in tuning_summary(stages)
 
 

@@ -15,11 +15,13 @@ Stages, in order:
   3b. the analytic CPU schedule rules (`tir_passes.rules.cpu`: convolutions, the GEMM class,
      memory-bound kernels) on every kernel left, constant weights packed into the kernels'
      layouts at compile time;
-  4. when `trials > 0`, adaptive-layout tuning (AL-Ansor) of every kernel but the tile
-     groups', the budget where the latency is, a tuned kernel used only where it beats its
-     analytic one (`auto_scheduler_ext.kernel_tuning`), applied with the compile-time weight
-     layout transform, and kept only when the whole tuned module equals the untuned one and
-     runs faster;
+  4. when `trials > 0`, adaptive-layout tuning (AL-Ansor) of every kernel (a tile group's
+     as its merged function), the budget where the latency is, a tuned kernel used only where
+     it beats its 0-trial one (`auto_scheduler_ext.kernel_tuning`), applied with the
+     compile-time weight layout transform, and kept only when the whole tuned module equals
+     the untuned one and runs faster. The derivation chose on 0-trial times, so the module
+     without its rewrites (stages 2-3b on the input) is tuned with the same budget, and of
+     the two tuned modules the faster one is used (`revisited` says which and why);
   5. TVM's default Relax lowering (`relax.pipeline.default_build_pipeline`).
 Every stage leaves what it cannot prove or check unchanged, so the pipeline computes what the
 input module computes. Parts are checked where they are made (each rewritten subprogram, each
@@ -40,6 +42,7 @@ import os
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
 import tvm
@@ -98,6 +101,7 @@ class EinweldOptimize:
     """Stages 1–4 of the module docstring. After a run, `derivation` and `fusion` hold the
     stage objects (with their reports), `tuned` says whether tuned kernels are used,
     `tuning_check` holds the check of the tuned module against the untuned one,
+    `revisited` how the derivation's rewrites fared tuned (`tuned_variant` 1: dropped),
     `tuning_report` the tasks, their trials and each kernel's choice (CPU targets),
     `tuning_seconds` the measured (untuned, tuned) module times, and `checks` every
     whole-module check of the run (stage, verdict, evidence, seconds).
@@ -131,6 +135,8 @@ class EinweldOptimize:
         self.fusion = None
         self.rules = None  # the analytic CPU rules pass of the last run (`.scheduled`)
         self.tuned = False
+        self.tuned_variant = 0  # 1: the tuned module without the derivation's rewrites won
+        self.revisited: Optional[str] = None  # how the derivation fared tuned (trials > 0)
         self.tuning_check: Optional[ModuleCheck] = None
         self.tuning_seconds = None  # (untuned, tuned) seconds of the whole module
         self.tuning_report = None  # per task: trials, analytic vs tuned time, the choice
@@ -143,6 +149,7 @@ class EinweldOptimize:
         self.stage_seconds = {}
         self.tuned, self.tuning_check, self.tuning_seconds, self.tuning_report = (False, None,
                                                                                  None, None)
+        self.tuned_variant, self.revisited = 0, None
         clock = _StageClock(self.stage_seconds)
         with target:
             # Optimistic: the stages check their parts, the final module is checked whole
@@ -171,55 +178,74 @@ class EinweldOptimize:
                 check_stages: bool) -> tvm.IRModule:
         """Stages 1-4 on `mod`; with `check_stages`, the module each returns is checked whole
         against its input (a stage that disagrees is dropped), else only their parts are."""
-        from .cost_model import nominal_device
         from .relay_passes.derivation_transform import DerivationTransform
-        from .tir_passes import TileGraphFusion, prepare
-        from .tir_passes.rules.cpu import ApplyCPURules
-        from .tir_passes.rules.cpu.apply import prepack_weights
 
         if self.derive:
             with clock("derivation"):
                 options = {"target": target, "measure": self.measure,
                            "check_whole": check_stages, **self.derive_options}
                 self.derivation = DerivationTransform(**options)
-                mod = self.derivation(mod)
+                derived = self.derivation(mod)
                 self.checks += self.derivation.checks
-        derived = mod
-        with clock("legalize and fuse (stock)"):
+        else:
+            derived = mod
+        lowered = self._lower(derived, target, clock, check_stages)
+        self.fusion, self.rules = lowered.fusion, lowered.rules
+        if self.trials <= 0:
+            return lowered.scheduled
+        variants = [lowered]
+        if derived is not mod and target.kind.name == "llvm":
+            # The derivation chose on 0-trial times; the module without its rewrites is
+            # tuned with the same budget and the two compared tuned (`_tune`).
+            variants.append(self._lower(mod, target, clock, check_stages,
+                                        " (without the derivation)"))
+        with clock("tuning"):
+            return self._tune(variants, target)
+
+    def _lower(self, mod: tvm.IRModule, target: tvm.target.Target, clock: "_StageClock",
+               check_stages: bool, label: str = "") -> "_Lowered":
+        """Stages 2-3b on `mod` (`label` names them in the stage times)."""
+        from .cost_model import nominal_device
+        from .tir_passes import TileGraphFusion, prepare
+        from .tir_passes.rules.cpu import ApplyCPURules
+        from .tir_passes.rules.cpu.apply import prepack_weights
+
+        given, fusion, rules = mod, None, None
+        with clock("legalize and fuse (stock)" + label):
             mod = tvm.transform.Sequential([
                 relax.transform.DecomposeOpsForInference(),
                 relax.transform.CanonicalizeBindings(),
                 prepare(),
             ])(mod)
         if self.fuse:
-            with clock("tile-graph fusion"):
+            with clock("tile-graph fusion" + label):
                 # Fused groups are checked against the module before stock legalisation,
                 # whose build and outputs the derivation's check (or the final one) uses.
-                options = {"reference": derived, "check_whole": check_stages}
+                options = {"reference": given, "check_whole": check_stages}
                 if not self.measure:
                     options.update(measure=False, device=nominal_device(target))
-                self.fusion = TileGraphFusion(target, **{**options, **self.fuse_options})
-                mod = self.fusion(mod)
-                self.checks += self.fusion.checks
-        unscheduled = mod  # every kernel but the tile groups': the tuning tasks
+                fusion = TileGraphFusion(target, **{**options, **self.fuse_options})
+                mod = fusion(mod)
+                self.checks += fusion.checks
+        unscheduled = mod  # the tuning tasks (a tile group's: `fusion.report.unscheduled`)
         if target.kind.name == "llvm":
-            with clock("analytic schedules"):
+            with clock("analytic schedules" + label):
                 # Constant weights are packed into the kernels' layouts at compile time.
-                self.rules = ApplyCPURules(target)
-                scheduled = prepack_weights(target, scheduler=self.rules)(mod)
+                rules = ApplyCPURules(target)
+                scheduled = prepack_weights(target, scheduler=rules)(mod)
                 mod = checked("analytic CPU schedules", mod, scheduled, target, self.checks) \
                     if check_stages else scheduled
-        if self.trials > 0:
-            with clock("tuning"):
-                mod = self._tune(unscheduled, mod, target)
-        return mod
+        return _Lowered(unscheduled, mod, fusion, rules)
 
-    def _tune(self, unscheduled: tvm.IRModule, mod: tvm.IRModule,
-              target: tvm.target.Target) -> tvm.IRModule:
-        """On a CPU every kernel of `unscheduled` is a task, tuned with the budget where the
-        latency is and kept only where faster than its analytic kernel in `mod`
-        (`auto_scheduler_ext.kernel_tuning`); elsewhere (no analytic rules) the kernels of
-        `mod` are tuned with equal shares (`adaptive_layout_tuning_pass`)."""
+    def _tune(self, variants: List["_Lowered"], target: tvm.target.Target) -> tvm.IRModule:
+        """On a CPU every kernel of every variant's `unscheduled` module is a task, tuned with
+        the budget where the latency is and kept only where faster than its 0-trial kernel
+        (`auto_scheduler_ext.kernel_tuning.tune_variants`); elsewhere (no analytic rules) the
+        kernels of the first variant are tuned with equal shares
+        (`adaptive_layout_tuning_pass`). Each tuned variant is checked whole against the
+        0-trial module (the first variant's); the faster of two tuned variants (the second
+        needing MIN_TUNED_GAIN: the derivation's own choice stands unless clearly beaten) is
+        then kept only if it beats the 0-trial module by MIN_TUNED_GAIN."""
         from .auto_scheduler_ext import entry_points, kernel_tuning
         from .machine import cpu_cores
 
@@ -229,36 +255,63 @@ class EinweldOptimize:
             target = tvm.target.Target({**spec, "num-cores": cpu_cores()})
         work_dir = self.work_dir or tempfile.mkdtemp(prefix="einweld_tune_")
         os.makedirs(work_dir, exist_ok=True)  # MetaSchedule's database does not create it
+        untuned = variants[0].scheduled
         if target.kind.name == "llvm":
-            tuned, self.tuning_report = kernel_tuning.tune_kernels(
-                unscheduled, target, work_dir, self.trials,
-                layout_strategy=self.layout_strategy, **self.tune_options)
-            if self.tuning_report.tuned_kernels == 0:
-                return mod  # every analytic kernel stayed: the module is the untuned one
+            tiles = [pair for v in variants if v.fusion is not None and v.fusion.report
+                     for pair in v.fusion.report.unscheduled]
+            tuned, self.tuning_report = kernel_tuning.tune_variants(
+                [v.unscheduled for v in variants], target, work_dir, self.trials,
+                tile_groups=tiles, layout_strategy=self.layout_strategy,
+                **self.tune_options)
+            tuned = [(i, m) for i, m in enumerate(tuned) if self.tuning_report.applied[i]]
         else:
             stage = entry_points.adaptive_layout_tuning_pass(
                 target, work_dir, self.trials, layout_strategy=self.layout_strategy,
                 **self.tune_options)
-            tuned = stage(mod)
-        # Each record was checked alone; the whole tuned module (with its compile-time weight
+            tuned = [(0, stage(untuned))]
+        # Each record was checked alone; each whole tuned module (with its compile-time weight
         # layout transforms, which stock TVM 0.27 gets wrong for some tuned ConvTranspose
         # kernels) is checked against the untuned one before it is used.
-        before = len(self.checks)
-        kept = checked("tuning", mod, tuned, target, self.checks)
-        self.tuning_check = self.checks[-1] if len(self.checks) > before else None
-        if kept is mod:
-            return mod
+        kept = []
+        for index, module in tuned:
+            before = len(self.checks)
+            if checked("tuning", untuned, module, target, self.checks) is module:
+                kept.append((index, module))
+            self.tuning_check = self.checks[-1] if len(self.checks) > before else None
+        if not kept:
+            return untuned
+        pipeline = relax.pipeline.default_build_pipeline()
+        index, best = kept[0]
+        if len(kept) == 2:
+            verdict = compare_modules(best, kept[1][1], target, MIN_TUNED_GAIN,
+                                      pipeline=pipeline)
+            if verdict.faster:
+                index, best = kept[1]
+            self.revisited = ("the derivation's rewrites were dropped" if verdict.faster else
+                              "the derivation's rewrites were kept") + \
+                f" (tuned with them {verdict.before * 1e3:.3f} ms, without " \
+                f"{verdict.after * 1e3:.3f} ms)"
         # A small budget spread over many tasks can leave kernels worse than the untuned
         # (tile-scheduled) ones: the records are kept only when the whole module gains.
-        verdict = compare_modules(mod, tuned, target, MIN_TUNED_GAIN,
-                                  pipeline=relax.pipeline.default_build_pipeline())
+        verdict = compare_modules(untuned, best, target, MIN_TUNED_GAIN, pipeline=pipeline)
         self.tuning_seconds = (verdict.before, verdict.after)
         if not verdict.faster:
             warnings.warn(f"EinweldOptimize: the tuned module is not faster ({verdict.describe()}"
                           f" needed); the tuning records are not used")
-            return mod
-        self.tuned = True
-        return tuned
+            return untuned
+        self.tuned, self.tuned_variant = True, index
+        return best
+
+
+@dataclass(frozen=True)
+class _Lowered:
+    """One module through stages 2-3b: before the analytic schedules (the tuning tasks), after
+    them, and the stage objects (their reports)."""
+
+    unscheduled: tvm.IRModule
+    scheduled: tvm.IRModule
+    fusion: Any
+    rules: Any
 
 
 class _StageClock:

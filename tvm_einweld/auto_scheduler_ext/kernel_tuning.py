@@ -3,13 +3,17 @@ slower than its analytic schedule (what `EinweldOptimize(trials > 0)` runs on a 
 
     module, report = tune_kernels(base, target, work_dir, trials)
 
-`base` is a Relax module after legalisation and fusion, before the analytic schedules
-(TileGraphFusion's kernels are already scheduled there: they are not tasks, see below).
+`base` is a Relax module after legalisation and fusion, before the analytic schedules;
+TileGraphFusion's kernels are already scheduled there, and `tile_groups` pairs each with its
+group's merged function before tiling (`FusionReport.unscheduled`).
 
 1. Tasks: MetaSchedule's task extraction on `prepare_relax(base)`, the module the analytic
-   rules also schedule: structurally equal kernels are one task (`weight` = its calls).
+   rules also schedule: structurally equal kernels are one task (`weight` = its calls). A tile
+   kernel's task is its group's merged function: MetaSchedule searches the fused computation
+   (its own design space: inlining, tiling, compute-at), not the tile program.
 2. Baseline: each task's kernel as the 0-trial pipeline schedules it (`rules.cpu.schedule_cpu`,
-   TVM's default lowering where no rule claims it), timed alone (`measure.time_func`: called
+   TVM's default lowering where no rule claims it; a tile kernel as TileGraphFusion scheduled
+   it), timed alone (`measure.time_func`: called
    from Relax with its weights as constants, so their packing is folded at compile time and
    charged to no one). It is the baseline and the fallback, not a seed of MetaSchedule's
    population: the analytic schedules use a post-pass (fast math) and primitives outside
@@ -28,32 +32,41 @@ slower than its analytic schedule (what `EinweldOptimize(trials > 0)` runs on a 
    (on a 2-vCPU VM the same kernel's 2-thread time varied up to 2x between moments, so one
    timing of each picked by chance). So no kernel ends slower than at 0 trials.
 5. Assembly: the chosen tuned programs go in through `MetaScheduleApplyDatabase` (a memory
-   database holding just them), every other kernel through `prepack_weights` (the analytic
-   rules and compile-time weight packing of the 0-trial pipeline).
+   database holding just them), a chosen tuned tile-group program in place of its tile kernel
+   (same parameters: both schedule the same merged function), every other kernel through
+   `prepack_weights` (the analytic rules and compile-time weight packing of the 0-trial
+   pipeline).
+
+6. Variants (`tune_variants`): modules that compute the same (the einweld pipeline passes its
+   module with and without the derivation's rewrites) are tuned with one budget: a kernel
+   they share is one task, each module is assembled from the same choices, and the caller
+   times the assembled modules whole, so a derivation chosen on 0-trial times is revisited
+   on tuned ones.
 
 Why the result computes what `base` computes: every tuned program was checked against its task
-on random inputs before it was recorded (`task_loop`'s ProgramChecker); the analytic kernels
-are the 0-trial pipeline's; the caller checks the assembled module whole against the 0-trial
-module and keeps it only if it is equal and measurably faster.
+on random inputs before it was recorded (`task_loop`'s ProgramChecker; a tile group's against
+its merged function, which TileGraphFusion checked against the group's operators); the analytic
+kernels are the 0-trial pipeline's; the caller checks the assembled module whole against the
+0-trial module and keeps it only if it is equal and measurably faster.
 
-Not tasks: TileGraphFusion's fused kernels (scheduled as tile programs; MetaSchedule would
-need their unfused compute, which a fused kernel no longer has) and kernels with symbolic
-shapes; both keep what the 0-trial pipeline gives them, and the report says so.
+Not tasks: kernels another pass scheduled without leaving their unscheduled form, and kernels
+with symbolic shapes; both keep what the 0-trial pipeline gives them, and the report says so.
 """
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tvm
 from tvm import relax, s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.target import Target
+from tvm_ffi import structural_hash
 
 from ..tir_passes.measure import Comparison, compare_modules, kernel_module, time_func
-from ..tir_passes.rules import is_scheduled
+from ..tir_passes.rules import SCHEDULED_ATTR, is_scheduled
 from ..tir_passes.rules.cpu import schedule_cpu
 from ..tir_passes.rules.cpu.apply import prepack_weights
 from .entry_points import prepare_relax
@@ -81,6 +94,7 @@ class TaskState:
     mod: tvm.IRModule
     weight: int
     analytic_secs: float
+    tile: bool = False  # a tile group's merged function (its baseline: the tile kernel)
     trials: int = 0
     rounds: int = 0
     best: float = 0.0
@@ -141,16 +155,19 @@ class KernelChoice:
     tuned_secs: Optional[float]
     used: str
     why: str
+    tile: bool = False  # a tile group: "analytic" is its tile kernel
 
 
 @dataclass(frozen=True)
 class TuningReport:
-    """Tasks, trials spent, each task's choice, and the kernels that were not tasks."""
+    """Tasks, trials spent, each task's choice, the kernels that were not tasks, and per
+    variant (`tune_variants`) how many of its kernels tuned programs replaced."""
 
     choices: Tuple[KernelChoice, ...]
     trials: int
     budget: int
     not_tasks: Tuple[str, ...] = field(default_factory=tuple)
+    applied: Tuple[int, ...] = field(default_factory=tuple)
 
     @property
     def tuned_kernels(self) -> int:
@@ -162,7 +179,8 @@ class TuningReport:
                  f"(a tuned kernel must be {MIN_KERNEL_GAIN}x faster than the analytic one)"]
         for c in sorted(self.choices, key=lambda c: -c.weight * c.analytic_secs):
             tuned = "-" if c.tuned_secs is None else f"{c.tuned_secs * 1e6:.1f} us"
-            lines.append(f"  {c.name} x{c.weight}: {c.trials} trials, analytic "
+            base = "tile kernel" if c.tile else "analytic"
+            lines.append(f"  {c.name} x{c.weight}: {c.trials} trials, {base} "
                          f"{c.analytic_secs * 1e6:.1f} us, tuned {tuned}: {c.used} ({c.why})")
         if self.not_tasks:
             lines.append(f"  not tasks (kept as scheduled): {', '.join(self.not_tasks)}")
@@ -205,70 +223,162 @@ class _Timer:
                                self.target, MIN_KERNEL_GAIN)
 
 
-def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int, *,
-                 layout_strategy: str = "adaptive", selector=None,
-                 num_trials_per_iter: int = 16, builder: Optional[ms.builder.Builder] = None,
-                 runner: Optional[ms.runner.Runner] = None, seed: int = -1,
-                 early_stopping_rounds: int = 50) -> Tuple[tvm.IRModule, TuningReport]:
+def tune_kernels(base: tvm.IRModule, target: Target, work_dir: str, trials: int,
+                 **options) -> Tuple[tvm.IRModule, TuningReport]:
     """Tune the kernels of `base` with `trials` trials in all (see the module docstring);
-    returns the assembled module (kernels chosen, weights packed at compile time) and the
-    report. Records go to a JSONDatabase in `work_dir`, so a cut-short run resumes."""
+    `options` as for `tune_variants`. Returns the assembled module (kernels chosen, weights
+    packed at compile time) and the report. Records go to a JSONDatabase in `work_dir`, so a
+    cut-short run resumes."""
+    modules, report = tune_variants([base], target, work_dir, trials, **options)
+    return modules[0], report
+
+
+def tune_variants(bases: Sequence[tvm.IRModule], target: Target, work_dir: str, trials: int,
+                  *, tile_groups: Sequence[Tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]] = (),
+                  layout_strategy: str = "adaptive", selector=None,
+                  num_trials_per_iter: int = 16, builder: Optional[ms.builder.Builder] = None,
+                  runner: Optional[ms.runner.Runner] = None, seed: int = -1,
+                  early_stopping_rounds: int = 50
+                  ) -> Tuple[List[tvm.IRModule], TuningReport]:
+    """Tune the kernels of several modules computing the same (`bases`: variants, e.g. with
+    and without a derivation) with one budget of `trials`: a kernel in several variants is one
+    task (its weight the most calls any variant makes), so the budget goes where the latency
+    of any variant is, and the caller can compare the variants tuned. `tile_groups`: (tile
+    kernel, its group's merged function) pairs of every variant. Returns one assembled module
+    per variant and one report."""
     os.makedirs(work_dir, exist_ok=True)
     database = ms.database.JSONDatabase(work_dir=work_dir)
-    prepared = prepare_relax(base, None, target)
-    extracted = ms.relax_integration.extract_tasks(prepared, target)
-    states, not_tasks, kernels = [], [], {}  # kernels: task name -> (timer, analytic func)
-    for task in extracted:
-        mod = task.dispatched[0]
-        if is_scheduled(mod):
-            not_tasks.append(task.task_name)
-            continue
-        try:
-            timer = _Timer.of(mod["main"], target)
-            analytic_func = _analytic(mod["main"], target)
-            analytic = timer(analytic_func)
-        except Exception as err:  # pylint: disable=broad-except  # e.g. a symbolic shape
-            logger.info("%s: not a task (%s)", task.task_name, err)
-            not_tasks.append(task.task_name)
-            continue
-        states.append(TaskState(task.task_name, mod, int(task.weight), analytic))
-        kernels[task.task_name] = (timer, analytic_func)
+    prepared = [prepare_relax(base, None, target) for base in bases]
+    states: List[TaskState] = []
+    not_tasks: List[str] = []
+    kernels: Dict[int, Tuple[_Timer, tvm.tirx.PrimFunc]] = {}  # id(state) -> (timer, baseline)
+    by_hash: Dict[int, List[TaskState]] = {}
+    for module in prepared:
+        for task in ms.relax_integration.extract_tasks(module, target):
+            mod, tile = task.dispatched[0], False
+            if is_scheduled(mod):
+                merged = _merged_of(mod["main"], tile_groups)
+                if merged is None:
+                    not_tasks.append(task.task_name)
+                    continue
+                mod, tile = tvm.IRModule({"main": _tile_task(mod["main"], merged)}), True
+            same = _same_task(by_hash, mod)
+            if same is not None:  # met in an earlier variant
+                same.weight = max(same.weight, int(task.weight))
+                continue
+            try:
+                timer = _Timer.of(mod["main"], target)
+                baseline = task.dispatched[0]["main"] if tile else _analytic(mod["main"], target)
+                baseline_secs = timer(baseline)
+            except Exception as err:  # pylint: disable=broad-except  # e.g. a symbolic shape
+                logger.info("%s: not a task (%s)", task.task_name, err)
+                not_tasks.append(task.task_name)
+                continue
+            state = TaskState(task.task_name, mod, int(task.weight), baseline_secs, tile)
+            states.append(state)
+            by_hash.setdefault(structural_hash(mod), []).append(state)
+            kernels[id(state)] = (timer, baseline)
     chosen = make_selector(layout_strategy, selector)
     builder = builder or default_builder()
     runner = runner or ms.runner.LocalRunner()
 
     def tune(state: TaskState, upto: int) -> Tuple[int, Optional[float]]:
-        result = tune_task(state.mod, target, database, max_trials=upto,
-                           num_trials_per_iter=min(num_trials_per_iter, upto - state.trials),
-                           selector=chosen, builder=builder, runner=runner,
-                           early_stopping_rounds=early_stopping_rounds,
-                           task_name=state.name, seed=seed)
+        try:
+            result = tune_task(state.mod, target, database, max_trials=upto,
+                               num_trials_per_iter=min(num_trials_per_iter, upto - state.trials),
+                               selector=chosen, builder=builder, runner=runner,
+                               early_stopping_rounds=early_stopping_rounds,
+                               task_name=state.name, seed=seed)
+        except Exception as err:  # pylint: disable=broad-except  # e.g. no design space
+            logger.warning("%s: MetaSchedule could not tune it (%s); it keeps its kernel",
+                           state.name, err)
+            return state.trials, None  # nothing spent: the scheduler sets it aside
         return result.trials, result.best_secs
 
     BudgetScheduler(states, trials, num_trials_per_iter).run(tune)
 
     winners = ms.database.MemoryDatabase()
-    choices = []
+    choices, tile_programs = [], []
     for state in states:
         best = _best_record(state, database)
-        choice = _choose(state, _scheduled(state.mod, best), *kernels[state.name])
+        tuned = _scheduled(state.mod, best)
+        choice = _choose(state, tuned, *kernels[id(state)])
         choices.append(choice)
-        if choice.used == "tuned":
+        if choice.used != "tuned":
+            continue
+        if state.tile:
+            tile_programs.append((kernels[id(state)][1], tuned))
+        else:
             winners.commit_tuning_record(ms.database.TuningRecord(
                 best.trace, winners.commit_workload(state.mod), best.run_secs, target,
                 best.args_info))
-    with target, winners:
-        module = relax.transform.MetaScheduleApplyDatabase()(prepared)
-    applied = _changed_kernels(prepared, module)
+    modules, changed = [], []
+    for module in prepared:
+        with target, winners:
+            assembled = relax.transform.MetaScheduleApplyDatabase()(module)
+        assembled = _replace_tile_kernels(assembled, tile_programs)
+        changed.append(_changed_kernels(module, assembled))
+        modules.append(prepack_weights(target)(assembled))
+    applied = set().union(*changed)
     choices = [c if c.used != "tuned" or c.name in applied else
                KernelChoice(c.name, c.weight, c.trials, c.analytic_secs, c.tuned_secs,
-                            "analytic", "the tuned program did not apply to the module")
+                            "analytic", "the tuned program did not apply to the module",
+                            c.tile)
                for c in choices]
-    module = prepack_weights(target)(module)
     report = TuningReport(tuple(choices), sum(s.trials for s in states), trials,
-                          tuple(not_tasks))
+                          tuple(dict.fromkeys(not_tasks)), tuple(map(len, changed)))
     logger.info("%s", report.describe())
-    return module, report
+    return modules, report
+
+
+def _same_task(by_hash: Dict[int, List[TaskState]], mod: tvm.IRModule) -> Optional[TaskState]:
+    """The task already made of a module structurally equal to `mod`, or None."""
+    from tvm_ffi import structural_equal
+
+    return next((s for s in by_hash.get(structural_hash(mod), ())
+                 if structural_equal(s.mod, mod)), None)
+
+
+def _code(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` without its attributes: task extraction and weight marking add some (a name,
+    layout-free parameters) that do not change what it computes or how."""
+    return tvm.tirx.PrimFunc(func.params, func.body, func.ret_type)
+
+
+def _merged_of(kernel: tvm.tirx.PrimFunc, tile_groups) -> Optional[tvm.tirx.PrimFunc]:
+    """The merged function of the tile group whose kernel is `kernel`, or None."""
+    from tvm_ffi import structural_equal
+
+    code = _code(kernel)
+    return next((merged for tile, merged in tile_groups
+                 if structural_equal(_code(tile), code)), None)
+
+
+def _tile_task(kernel: tvm.tirx.PrimFunc, merged: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """A tile kernel's task: its group's merged function with the kernel's attributes (its
+    name in the task, its layout-free parameters: TileGraphFusion scheduled that function
+    into the kernel, so the parameters are the same) but not its scheduled mark."""
+    attrs = {k: v for k, v in dict(kernel.attrs or {}).items() if k != SCHEDULED_ATTR}
+    return merged.with_attrs(attrs)
+
+
+def _replace_tile_kernels(module: tvm.IRModule, programs) -> tvm.IRModule:
+    """`module` with every kernel structurally equal to the tile kernel of a (tile kernel,
+    tuned program) pair of `programs` replaced by the tuned program, which keeps the kernel's
+    attributes (its scheduled mark, its layout-free parameters)."""
+    from tvm_ffi import structural_equal
+
+    programs = list(programs)
+    if not programs:
+        return module
+    functions = dict(module.functions_items())
+    for gvar, func in functions.items():
+        for kernel, tuned in programs:
+            if isinstance(func, tvm.tirx.PrimFunc) and structural_equal(_code(func),
+                                                                        _code(kernel)):
+                functions[gvar] = tuned.with_attrs(dict(func.attrs))
+                break
+    return tvm.IRModule(functions, attrs=module.attrs)
 
 
 def _changed_kernels(before: tvm.IRModule, after: tvm.IRModule) -> set:
@@ -309,7 +419,7 @@ def _choose(state: TaskState, tuned: Optional[tvm.tirx.PrimFunc],
     tuned one must win by MIN_KERNEL_GAIN in all rounds but one, or the analytic one stays."""
     def made(used: str, tuned: Optional[float], why: str, analytic_secs=None) -> KernelChoice:
         return KernelChoice(state.name, state.weight, state.trials,
-                            analytic_secs or state.analytic_secs, tuned, used, why)
+                            analytic_secs or state.analytic_secs, tuned, used, why, state.tile)
 
     if state.trials == 0:
         return made("analytic", None, "no trials: its share of the latency was too small")
@@ -324,5 +434,5 @@ def _choose(state: TaskState, tuned: Optional[tvm.tirx.PrimFunc],
     return made("analytic", verdict.after, f"not faster: {verdict.describe()}", verdict.before)
 
 
-__all__ = ["tune_kernels", "TuningReport", "KernelChoice", "BudgetScheduler", "TaskState",
+__all__ = ["tune_kernels", "tune_variants", "TuningReport", "KernelChoice", "BudgetScheduler", "TaskState",
            "MIN_KERNEL_GAIN"]

@@ -162,13 +162,17 @@ def tuning_summary(stages) -> str:
     head = f"{stages.trials} trials, {stages.layout_strategy}: "
     report = stages.tuning_report
     if report is not None:
-        head += (f"{len(report.choices)} tasks, {report.trials} trials spent, "
-                 f"{report.tuned_kernels} tuned kernels faster than their analytic ones; ")
+        tiles = sum(c.tile for c in report.choices)
+        head += (f"{len(report.choices)} tasks ({tiles} of them tile groups), {report.trials} "
+                 f"trials spent, {report.tuned_kernels} tuned kernels faster than their "
+                 f"0-trial ones; ")
         if not report.choices:
-            return head + (f"tuned kernels NOT used: no kernel to tune (tile groups keep "
+            return head + (f"tuned kernels NOT used: no kernel to tune (kernels that keep "
                            f"their schedules: {', '.join(report.not_tasks) or 'none'})")
         if report.tuned_kernels == 0:
-            return head + "tuned kernels NOT used: none beat its analytic kernel"
+            return head + "tuned kernels NOT used: none beat its 0-trial kernel"
+    if getattr(stages, "revisited", None):
+        head += stages.revisited + "; "
     if stages.tuned:
         untuned, tuned = stages.tuning_seconds
         return head + (f"tuned kernels used ({tuned * 1e3:.3f} ms vs {untuned * 1e3:.3f} ms "

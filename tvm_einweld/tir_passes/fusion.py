@@ -29,7 +29,7 @@ from .codegen import Unsupported, block_sub_tiles, group_prim_func, schedule_gro
 from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, cpu_device, device_for_target
 from .localize import LocalizeError
-from .rules import mark_scheduled
+from .rules import is_scheduled, mark_scheduled
 from .measure import CheckResult, check_group, time_alone, time_kernel
 from .scheduler import (Candidate, GraphPlan, estimated_seconds, graph_connecting,
                         subgraph_tiling)
@@ -48,6 +48,9 @@ class FusionReport:
     measurements: int = 0  # kernels built and timed on the target while scheduling
     # single nodes left to the analytic CPU rules (their kernel beat every tile config)
     analytic: tuple[str, ...] = ()
+    # (tile kernel, the group's merged function before tiling) for every tile kernel: what a
+    # tuner searches instead of the tile schedule (`auto_scheduler_ext.kernel_tuning`)
+    unscheduled: tuple[tuple[tirx.PrimFunc, tirx.PrimFunc], ...] = ()
 
 
 def prepare() -> tvm.transform.Pass:
@@ -243,9 +246,11 @@ class TileGraphFusion:
                     pending.extend(self._singles(graph, sub))
                 continue
             replacements.append((sub, func))
+        unscheduled = tuple((func, factory.merged(sub)) for sub, func in replacements
+                            if is_scheduled(func))
         self.report = FusionReport(plan, tuple(tuple(n.name for n in s.nodes)
                                                for s, _ in replacements), tuple(rejected),
-                                   self._measured, analytic)
+                                   self._measured, analytic, unscheduled)
         return replace_groups(mod, graph, replacements)
 
     def _singles(self, graph, sub):
