@@ -231,14 +231,39 @@ def test_depthwise_pads_each_plane_inside_its_parallel_channel_loop(name, in_cha
     """Depthwise: the padding copy shares the kernel's parallel loop (one plane per channel,
     kept in L1); too few channels to feed every core, or a dense conv: one whole copy."""
     sch = conv.schedule_conv(_legalized_conv(name), TARGET)
-    pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))
-    kernel = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-              if sch.get(b).name_hint not in ("pad_temp",)]
-    outer = sch.get(pad_loops[0])
+    (pad,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+              if sch.get(b).name_hint.startswith("pad_temp")]  # (its row loop's pieces inside)
+    outer = sch.get(sch.get_loops(pad)[0])
     assert outer.kind == tirx.ForKind.PARALLEL
-    shared = any(sch.get(sch.get_loops(b)[0]).same_as(outer) for b in kernel
+    shared = any(sch.get(sch.get_loops(b)[0]).same_as(outer)
+                 for b in sch.get_child_blocks(sch.get_sblock("root"))
                  if "conv" in sch.get(b).name_hint)
     assert shared == in_channel_loop
+
+
+def _pad_blocks(sch):
+    """The leaf blocks of the padded input copy (one per piece of its cut row loop)."""
+    out, todo = [], list(sch.get_child_blocks(sch.get_sblock("root")))
+    while todo:
+        block = todo.pop()
+        children = sch.get_child_blocks(block)
+        if children:
+            todo += children
+        elif sch.get(block).name_hint.startswith("pad_temp"):
+            out.append(block)
+    return out
+
+
+@pytest.mark.parametrize("name", ["depthwise_28", "depthwise_stride2_oddwidth", "3x3",
+                                  "7x7_stride2", "depthwise_one_channel_pair"])
+def test_the_padded_copy_is_vectorised_along_its_rows(name):
+    """The padded input copy runs in vectors along its rows, only a row's edge vectors
+    (where the padding condition changes inside a vector) scalar: every piece of the copy's
+    row loop but those is vectorised (numerics: `test_conv2d_against_numpy`)."""
+    sch = conv.schedule_conv(_legalized_conv(name), TARGET)
+    kinds = [sch.get(sch.get_loops(b)[-1]).kind for b in _pad_blocks(sch)]
+    assert tirx.ForKind.VECTORIZED in kinds, kinds
+    assert kinds.count(tirx.ForKind.VECTORIZED) >= len(kinds) - 2, kinds
 
 
 def test_narrowed_vector_unit():
