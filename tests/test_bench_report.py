@@ -196,3 +196,16 @@ def test_bench_list(tmp_path, capsys) -> None:
     assert bench.run(_args(tmp_path, list=True)) == 0
     out = capsys.readouterr().out
     assert "infogan" in out and "runner tvm-tuned" in out
+
+
+def test_the_report_says_which_code_measured_which_rows() -> None:
+    """A resumed run can span code changes: each row keeps the code version that measured
+    it (through the JSON too), and the report lists them."""
+    suite = _suite()
+    assert report.code_line(suite) == "Code: tvm_einweld not recorded (every row)"
+    first, second = suite.models
+    mixed = dataclasses.replace(suite, models=(dataclasses.replace(first, code="0.2.0+aaa"),
+                                               dataclasses.replace(second, code="0.2.0+bbb")))
+    line = "Code: tvm_einweld 0.2.0+aaa (alpha b1); tvm_einweld 0.2.0+bbb (beta b1)"
+    assert report.code_line(mixed) == line
+    assert line in report.markdown(report.from_json(report.to_json(mixed)))

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import onnx
 
-from ..machine import load_average, physical_cores
+from ..machine import code_version, load_average, physical_cores
 from ..models import random_inputs
 from .check import compare_outputs
 from .isolation import InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line
@@ -66,6 +66,7 @@ class ModelResult:
     stand_ins: tuple[tuple[str, str], ...] = ()
     load_before: Optional[float] = None  # 1-minute load average before preparing
     load_after: Optional[float] = None  # ... and after the timing
+    code: Optional[str] = None  # tvm_einweld's `code_version()` that measured the row
 
     def result(self, runner: str) -> Optional[RunnerResult]:
         return next((r for r in self.results if r.runner == runner), None)
@@ -219,4 +220,4 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
         results.append(RunnerResult(r.runner, status, detail, r.prepare_seconds,
                                     timings.get(r.runner), r.settings, r.pid, r.error))
     return ModelResult(name, batch, cost, tuple(results), tuple(stand_ins), load_before,
-                       load_average())
+                       load_average(), code_version())

@@ -151,6 +151,18 @@ def settings_lines(suite: SuiteResult) -> list[str]:
     return lines
 
 
+def code_line(suite: SuiteResult) -> str:
+    """Which tvm_einweld code (`machine.code_version`) measured which rows: a resumed run
+    can span changes to the code."""
+    rows: dict = {}
+    for m in suite.models:
+        rows.setdefault(m.code or "not recorded", []).append(f"{m.model} b{m.batch}")
+    if len(rows) <= 1:
+        return f"Code: tvm_einweld {next(iter(rows), 'not recorded')} (every row)"
+    return "Code: " + "; ".join(f"tvm_einweld {code} ({', '.join(models)})"
+                                for code, models in rows.items())
+
+
 def problems(suite: SuiteResult) -> list[str]:
     """Runners that failed or disagreed with the reference (skips are listed once in notes)."""
     return [f"- {m.model} b{m.batch}, {r.runner}: **{r.status}** — {r.detail}"
@@ -175,7 +187,8 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
         f"Machine: {suite.machine.describe()}; machine balance {balance:.0f} FLOP/byte  ",
         f"Load (1-min average): {_load(suite.load_average)} at start, "
         f"{_load(suite.load_after)} at end  ",
-        f"Tuning budget: {suite.trials} MetaSchedule trials per model for every tuned runner",
+        f"Tuning budget: {suite.trials} MetaSchedule trials per model for every tuned runner  ",
+        code_line(suite),
         "",
         "## Latency (median ms) and speedup vs " + suite.baseline,
         "",
@@ -282,7 +295,7 @@ def from_json(text: str) -> SuiteResult:
         return ModelResult(m["model"], m["batch"], GraphCost(**m["cost"]) if m["cost"] else None,
                            tuple(runner(r) for r in m["results"]),
                            tuple(tuple(s) for s in m.get("stand_ins", ())),
-                           m.get("load_before"), m.get("load_after"))
+                           m.get("load_before"), m.get("load_after"), m.get("code"))
 
     return SuiteResult(
         data["command"], data["started_utc"], data["wall_seconds"], MachineInfo(**data["machine"]),
