@@ -322,3 +322,15 @@ def test_plain_llvm_on_a_wider_host_says_so_once(monkeypatch):
     assert len(said) == (1 if wider else 0)
     if wider:
         assert host_target().attrs["mcpu"] in said[0]
+
+
+def test_without_a_rewrite_one_module_is_tuned(tmp_path, monkeypatch, fresh_decisions):
+    """No rewrite applied (a speedup no candidate reaches): nothing to revisit, so the tuning
+    stage gets one module, not the same module twice."""
+    calls = _planted_tuning(monkeypatch, lambda m: m)
+    _planted_comparisons(monkeypatch, True)
+    stages = tvm_einweld.EinweldOptimize("llvm", trials=4, work_dir=str(tmp_path), fuse=False,
+                                         derive_options={"min_speedup": 1e9})
+    stages(builtin_model(channels=8, size=10))
+    assert not any(r.applied for r in stages.derivation.last_results)
+    assert calls == [1] and stages.revisited is None and stages.tuned_variant == 0

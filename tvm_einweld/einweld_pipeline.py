@@ -194,7 +194,8 @@ class EinweldOptimize:
         if self.trials <= 0:
             return lowered.scheduled
         variants = [lowered]
-        if derived is not mod and target.kind.name == "llvm":
+        if not derived.same_as(mod) and target.kind.name == "llvm":  # (a pass returns a
+            # new Python object even for the module it was given)
             # The derivation chose on 0-trial times; the module without its rewrites is
             # tuned with the same budget and the two compared tuned (`_tune`).
             variants.append(self._lower(mod, target, clock, check_stages,
