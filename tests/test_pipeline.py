@@ -334,3 +334,29 @@ def test_without_a_rewrite_one_module_is_tuned(tmp_path, monkeypatch, fresh_deci
     stages(builtin_model(channels=8, size=10))
     assert not any(r.applied for r in stages.derivation.last_results)
     assert calls == [1] and stages.revisited is None and stages.tuned_variant == 0
+
+
+def test_an_undecided_comparison_takes_more_rounds():
+    """Planted round times: the medians say 10 % faster but 5 of 7 rounds won, so 7 more
+    rounds are timed; the gain is kept when 14 rounds decide it (12 wins), dropped when 21
+    still do not (13 wins); a clear win or loss stops at 7."""
+    from tvm_einweld.tir_passes import measure
+
+    def compare(afters):
+        times = iter(afters)  # the second module's seconds, round by round; the first's: 1.0
+        calls = [lambda: 1.0, lambda: next(times)]
+        samples = measure.alternate(calls, 7, lambda call: call(),
+                                    lambda s: measure.paired(s, 1.05).undecided,
+                                    measure.MAX_ROUNDS)
+        return measure.paired(samples, 1.05)
+
+    win, lose = 0.9, 1.0
+    first = [win] * 5 + [lose] * 2
+    decided = compare(first + [win] * 7)
+    assert (decided.rounds, decided.wins, decided.faster) == (14, 12, True)
+    noisy = compare(first + ([win] * 4 + [lose] * 3) * 2)
+    assert (noisy.rounds, noisy.wins, noisy.faster) == (21, 13, False)
+    clear = compare([win] * 7)
+    assert (clear.rounds, clear.faster) == (7, True)
+    slower = compare([1.1] * 7)
+    assert (slower.rounds, slower.faster, slower.undecided) == (7, False, False)

@@ -52,7 +52,7 @@ from .tir_passes.measure import compare_modules
 from .verify.module_check import ModuleCheck, check_if_runnable, checked
 
 # Tuned records are kept only when the whole tuned module is this much faster than the untuned
-# one in all but one of alternating rounds (`tir_passes.measure.compare_modules`).
+# one in nearly every one of alternating rounds (a sign test, `tir_passes.measure.compare_modules`).
 MIN_TUNED_GAIN = 1.05
 
 TargetLike = Union[str, dict, tvm.target.Target, None]
