@@ -142,9 +142,13 @@ def test_a_tile_group_is_a_task_whose_program_replaces_its_kernel(host_target, r
     assert kernel_tuning._merged_of(task_kernel, fuse.report.unscheduled).same_as(merged)
     task = kernel_tuning._tile_task(task_kernel, merged)
     assert not is_scheduled(task) and task.body.same_as(merged.body)
+    assert task.attrs["global_symbol"] == "main"  # a task's name, not the model's
 
-    assembled = kernel_tuning._replace_tile_kernels(prepared, [(kernel, merged)])
+    assembled = kernel_tuning._replace_tile_kernels(prepared, [(kernel, task)])
     assert kernel_tuning._changed_kernels(prepared, assembled) == {tiles[0].task_name}
+    (program,) = [f for f in assembled.functions.values()
+                  if isinstance(f, tvm.tirx.PrimFunc) and f.body.same_as(merged.body)]
+    assert dict(program.attrs) == dict(prepared[tiles[0].task_name].attrs)
     x, w = (rng.uniform(-1, 1, [int(d) for d in p.ty.shape]).astype("float32")
             for p in mod["main"].params)
     np.testing.assert_allclose(run_vm(assembled, x, w), run_vm(mod, x, w),

@@ -365,8 +365,8 @@ def _tile_task(kernel: tvm.tirx.PrimFunc, merged: tvm.tirx.PrimFunc) -> tvm.tirx
 
 def _replace_tile_kernels(module: tvm.IRModule, programs) -> tvm.IRModule:
     """`module` with every kernel structurally equal to the tile kernel of a (tile kernel,
-    tuned program) pair of `programs` replaced by the tuned program, which keeps the kernel's
-    attributes (its scheduled mark, its layout-free parameters)."""
+    tuned program) pair of `programs` replaced by the tuned program, which takes the kernel's
+    attributes (its scheduled mark, its layout-free parameters, no global symbol)."""
     from tvm_ffi import structural_equal
 
     programs = list(programs)
@@ -377,9 +377,19 @@ def _replace_tile_kernels(module: tvm.IRModule, programs) -> tvm.IRModule:
         for kernel, tuned in programs:
             if isinstance(func, tvm.tirx.PrimFunc) and structural_equal(_code(func),
                                                                         _code(kernel)):
-                functions[gvar] = tuned.with_attrs(dict(func.attrs))
+                functions[gvar] = _with_attrs_of(tuned, func)
                 break
     return tvm.IRModule(functions, attrs=module.attrs)
+
+
+def _with_attrs_of(program: tvm.tirx.PrimFunc, kernel: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`program` with exactly `kernel`'s attributes: a task's program carries the task's
+    (its global symbol is "main", which must not reach the model's module)."""
+    attrs = dict(kernel.attrs or {})
+    for key in list(dict(program.attrs or {})):
+        if key not in attrs:
+            program = program.without_attr(key)
+    return program.with_attrs(attrs) if attrs else program
 
 
 def _changed_kernels(before: tvm.IRModule, after: tvm.IRModule) -> set:
