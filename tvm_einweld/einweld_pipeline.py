@@ -194,10 +194,10 @@ class EinweldOptimize:
         if self.trials <= 0:
             return lowered.scheduled
         variants = [lowered]
-        if not derived.same_as(mod) and target.kind.name == "llvm":  # (a pass returns a
-            # new Python object even for the module it was given)
+        if not derived.same_as(mod) and target.kind.name == "llvm":
             # The derivation chose on 0-trial times; the module without its rewrites is
-            # tuned with the same budget and the two compared tuned (`_tune`).
+            # tuned with the same budget and the two compared tuned (`_tune`). (`same_as`: a
+            # pass returns a new Python object even for the module it was given.)
             variants.append(self._lower(mod, target, clock, check_stages,
                                         " (without the derivation)"))
         with clock("tuning"):
