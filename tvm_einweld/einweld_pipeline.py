@@ -283,25 +283,35 @@ class EinweldOptimize:
             return untuned
         pipeline = relax.pipeline.default_build_pipeline()
         index, best = kept[0]
+        variants_compared = None
         if len(kept) == 2:
-            verdict = compare_modules(best, kept[1][1], target, MIN_TUNED_GAIN,
-                                      pipeline=pipeline)
-            if verdict.faster:
+            variants_compared = compare_modules(best, kept[1][1], target, MIN_TUNED_GAIN,
+                                                pipeline=pipeline)
+            if variants_compared.faster:
                 index, best = kept[1]
-            self.revisited = ("the derivation's rewrites were dropped" if verdict.faster else
-                              "the derivation's rewrites were kept") + \
-                f" (tuned with them {verdict.before * 1e3:.3f} ms, without " \
-                f"{verdict.after * 1e3:.3f} ms)"
         # A small budget spread over many tasks can leave kernels worse than the untuned
         # (tile-scheduled) ones: the records are kept only when the whole module gains.
         verdict = compare_modules(untuned, best, target, MIN_TUNED_GAIN, pipeline=pipeline)
         self.tuning_seconds = (verdict.before, verdict.after)
+        if len(variants) == 2:
+            self.revisited = _revisited(verdict.faster and index == 1, variants_compared)
         if not verdict.faster:
             warnings.warn(f"EinweldOptimize: the tuned module is not faster ({verdict.describe()}"
                           f" needed); the tuning records are not used")
             return untuned
         self.tuned, self.tuned_variant = True, index
         return best
+
+
+def _revisited(dropped: bool, compared) -> str:
+    """What became of the derivation's rewrites after tuning (`EinweldOptimize.revisited`):
+    `dropped` when the module used is the one without them; `compared`, the two tuned
+    modules timed whole (None when only one of them had tuned kernels that passed)."""
+    line = f"the derivation's rewrites were {'dropped' if dropped else 'kept'}"
+    if compared is None:
+        return line + " (only one of the two modules gained tuned kernels)"
+    return line + (f" (tuned with them {compared.before * 1e3:.3f} ms, without "
+                   f"{compared.after * 1e3:.3f} ms)")
 
 
 @dataclass(frozen=True)

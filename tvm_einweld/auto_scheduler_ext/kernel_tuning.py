@@ -346,13 +346,16 @@ def _code(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     return tvm.tirx.PrimFunc(func.params, func.body, func.ret_type)
 
 
-def _merged_of(kernel: tvm.tirx.PrimFunc, tile_groups) -> Optional[tvm.tirx.PrimFunc]:
-    """The merged function of the tile group whose kernel is `kernel`, or None."""
+def _same_code(a: tvm.tirx.PrimFunc, b: tvm.tirx.PrimFunc) -> bool:
+    """Whether two kernels are the same code, whatever their attributes (`_code`)."""
     from tvm_ffi import structural_equal
 
-    code = _code(kernel)
-    return next((merged for tile, merged in tile_groups
-                 if structural_equal(_code(tile), code)), None)
+    return structural_equal(_code(a), _code(b))
+
+
+def _merged_of(kernel: tvm.tirx.PrimFunc, tile_groups) -> Optional[tvm.tirx.PrimFunc]:
+    """The merged function of the tile group whose kernel is `kernel`, or None."""
+    return next((merged for tile, merged in tile_groups if _same_code(tile, kernel)), None)
 
 
 def _tile_task(kernel: tvm.tirx.PrimFunc, merged: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -367,19 +370,16 @@ def _replace_tile_kernels(module: tvm.IRModule, programs) -> tvm.IRModule:
     """`module` with every kernel structurally equal to the tile kernel of a (tile kernel,
     tuned program) pair of `programs` replaced by the tuned program, which takes the kernel's
     attributes (its scheduled mark, its layout-free parameters, no global symbol)."""
-    from tvm_ffi import structural_equal
-
     programs = list(programs)
     if not programs:
         return module
     functions = dict(module.functions_items())
     for gvar, func in functions.items():
-        for kernel, tuned in programs:
-            if isinstance(func, tvm.tirx.PrimFunc) and structural_equal(_code(func),
-                                                                        _code(kernel)):
+        if isinstance(func, tvm.tirx.PrimFunc):
+            tuned = next((t for kernel, t in programs if _same_code(func, kernel)), None)
+            if tuned is not None:
                 functions[gvar] = _with_attrs_of(tuned, func)
-                break
-    return tvm.IRModule(functions, attrs=module.attrs)
+    return tvm.IRModule(functions, attrs=module.attrs, global_infos=module.global_infos)
 
 
 def _with_attrs_of(program: tvm.tirx.PrimFunc, kernel: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:

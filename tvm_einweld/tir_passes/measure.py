@@ -15,7 +15,6 @@ with medians of paired rounds and a sign test.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Sequence
 
