@@ -321,7 +321,7 @@ def _tvm_run(executable, model: onnx.ModelProto, extra_args: Sequence = ()):
     def run(inputs):
         if bound.get("inputs") is not inputs:
             bound["inputs"] = inputs
-            bound["args"] = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in names]
+            bound["args"] = [tvm.runtime.tensor(np.require(inputs[n], requirements="C")) for n in names]
         return [_Lazy(t) for t in tensors(main(*bound["args"], *extra_args))]
 
     run.vm = vm  # keeps the VM alive with the function
@@ -383,7 +383,7 @@ def prepare_onnxruntime(model: onnx.ModelProto, trials: int, work_dir: Path):
     def run(inputs):
         if bound.get("inputs") is not inputs:
             bound["inputs"] = inputs
-            bound["arrays"] = {n: np.ascontiguousarray(inputs[n]) for n in graph_input_names(model)}
+            bound["arrays"] = {n: np.require(inputs[n], requirements="C") for n in graph_input_names(model)}
             for name, array in bound["arrays"].items():
                 binding.bind_cpu_input(name, array)
         session.run_with_iobinding(binding)

@@ -114,7 +114,7 @@ def worker_tvm(entry: ob.BackendModel, weights: str, repeats: int, out: Path) ->
     executable = compiled.executable
     inputs = _inputs(entry, prepared)
     main = relax.VirtualMachine(executable, tvm.cpu())["main"]
-    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in prepared.input_names]
+    args = [tvm.runtime.tensor(np.require(inputs[n], requirements="C")) for n in prepared.input_names]
     outputs = ob.flatten_outputs(main(*args))
     np.savez(out / "outputs.npz", *outputs)
     result["seconds"] = _time(lambda: main(*args), repeats)

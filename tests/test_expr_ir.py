@@ -78,6 +78,17 @@ def test_scope_padding_reads_zero():
     np.testing.assert_allclose(run(a.astype("float32")), np.concatenate([[0], np.maximum(a, 0), [0]]), rtol=1e-6)
 
 
+def test_a_scalar_input_keeps_its_zero_dimensions_when_built():
+    """A 0-d input (ONNX's scalar constants, e.g. GCN's `x * const[]`) reaches the compiled
+    function as a 0-d tensor: numpy's ascontiguousarray would have made it 1-d and the call fail."""
+    a, s = rng.uniform(-1, 1, (2, 3)), np.array(1.5)
+    i, j = Iterator("i", 0, 2), Iterator("j", 0, 3)
+    e = Expr((i, j), (), Tensor("A", (2, 3))[i.var, j.var] * Tensor("S", ())[()])
+    run, names = build(e)
+    assert names == ["A", "S"]
+    np.testing.assert_allclose(run(a, s), a * 1.5, rtol=1e-6)
+
+
 def test_interpreter_handles_a_resnet_sized_conv_exactly():
     """1×64×56×56 3×3 conv: chunked evaluation must equal a direct numpy computation."""
     expr = C.conv2d(Tensor("A", (1, 64, 56, 56)), Tensor("K", (64, 64, 3, 3)), padding=1)

@@ -112,7 +112,7 @@ def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ())
     main = relax.VirtualMachine(executable, tvm.cpu())["main"]  # holds its VM alive
 
     def run(inputs: Inputs) -> list[np.ndarray]:
-        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in input_names]
+        args = [tvm.runtime.tensor(np.require(inputs[n], requirements="C")) for n in input_names]
         return _to_numpy_list(main(*args, *extra_args))
 
     # The pool size TVM's runtime chose (TVM_NUM_THREADS, else half the logical CPUs).
@@ -235,7 +235,7 @@ def _prepare_pytorch(model: onnx.ModelProto, trials: int, work_dir: Path) -> Run
 
     def run(inputs: Inputs) -> list[np.ndarray]:
         with torch.inference_mode():
-            out = net(*[torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in names])
+            out = net(*[torch.from_numpy(np.require(inputs[n], requirements="C")) for n in names])
         outs = out if isinstance(out, (list, tuple)) else [out]
         return [o.numpy() for o in outs]
 
@@ -279,7 +279,7 @@ def _openvino(precision: Optional[str]) -> PrepareFn:
             ports = list(compiled.outputs)  # outputs renamed: keep OpenVINO's (ONNX) order
 
         def run(inputs: Inputs) -> list[np.ndarray]:
-            result = request.infer({n: np.ascontiguousarray(inputs[n]) for n in names})
+            result = request.infer({n: np.require(inputs[n], requirements="C") for n in names})
             # The request reuses its output buffers: copy before the next call.
             return [np.array(result[p], copy=True) for p in ports]
 

@@ -138,7 +138,7 @@ def build(expr: Expr, target: str = "llvm", name: str = "expr"):
     dev = tvm.device(tvm.target.Target(target).get_target_device_type(), 0)
 
     def run(*arrays: "np.ndarray") -> "np.ndarray":
-        args = [tvm.runtime.tensor(np.ascontiguousarray(a, dtype=expr.dtype), dev) for a in arrays]
+        args = [tvm.runtime.tensor(np.require(a, expr.dtype, "C"), dev) for a in arrays]
         out = tvm.runtime.tensor(np.zeros(expr.shape, dtype=expr.dtype), dev)
         lib[name](*args, out)
         return out.numpy()

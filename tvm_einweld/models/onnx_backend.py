@@ -471,7 +471,7 @@ def run_tvm(executable, inputs: dict[str, np.ndarray], input_names: Sequence[str
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
     main = relax.VirtualMachine(executable, tvm.cpu())["main"]
-    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in input_names]
+    args = [tvm.runtime.tensor(np.require(inputs[n], requirements="C")) for n in input_names]
     return flatten_outputs(main(*args))
 
 

@@ -279,7 +279,7 @@ def _result(call: relax.Call, evaluate: Callable[[tuple], np.ndarray]) -> Option
         return None
     if tuple(value.shape) != shape or str(value.dtype) != dtype:
         return None
-    return relax.const(np.ascontiguousarray(value), dtype)
+    return relax.const(np.require(value, requirements="C"), dtype)
 
 
 @relax.expr_functor.mutator

@@ -453,7 +453,7 @@ def build(inst: Instantiated, target: str = "llvm"):
     vm = relax.VirtualMachine(ex, tvm.cpu())
 
     def run(*arrays):
-        args = [tvm.runtime.tensor(np.ascontiguousarray(a, dtype="float32")) for a in arrays]
+        args = [tvm.runtime.tensor(np.require(a, "float32", "C")) for a in arrays]
         out = vm["main"](*args)
         return out.numpy() if hasattr(out, "numpy") else tuple(o.numpy() for o in out)
 
