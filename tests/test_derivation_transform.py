@@ -327,3 +327,37 @@ def test_a_shared_search_still_rewrites_each_layer_correctly(private_cache):
         [r.verification for r in transform.last_results]
     assert second.chosen.label == "derived"
     assert_same_results(mod, out)
+
+
+def test_an_operator_without_alternatives_is_not_timed(private_cache, monkeypatch):
+    """The original is timed only to be held against another candidate: when the search
+    finds none, nothing is built or run for the operator (its cost stays the roofline's);
+    when it finds some, the original is timed like them."""
+    from tvm_einweld.relay_passes import op_cost
+
+    timed = []
+    real = op_cost.measure_call
+    monkeypatch.setattr(op_cost, "measure_call",
+                        lambda call, *a, **k: timed.append(call) or real(call, *a, **k))
+    mod = conv_relu_conv(channels=4, size=8)
+    transform = DerivationTransform(**SMALL, confirm_by_measurement=False)
+    inner = transform._inst  # the pass object behind TVM's module_pass wrapper
+    inner._search_op = lambda op, signature: ([], None, (), [])
+    assert structural_equal(transform(mod), mod)
+    convs = [o for r in transform.last_results for o in r.ops if o.op.kind == "relax.nn.conv2d"]
+    assert convs and not timed
+    assert all(not k.measured for o in convs for k in o.original.kernels)
+
+    # Searched for real, in a cache of its own (the run above recorded "no winner").
+    from tvm_einweld import machine
+
+    monkeypatch.setenv("TVM_EINWELD_CACHE", str(private_cache / "second"))
+    monkeypatch.setattr(machine, "_TIMES", {})
+    transform = DerivationTransform(max_depth=7, max_states=300, time_limit_s=8.0,
+                                    max_instantiations=4, confirm_by_measurement=False)
+    transform(mod)
+    convs = [o for r in transform.last_results for o in r.ops if o.op.kind == "relax.nn.conv2d"]
+    with_alternatives = [o for o in convs if len(o.candidates) > 1]
+    assert with_alternatives and timed
+    assert all(k.measured for o in with_alternatives for k in o.original.kernels
+               if k.name == "relax.nn.conv2d")

@@ -154,3 +154,30 @@ def test_graph_connecting_stops_measuring_configs_far_slower_than_apart():
         graph_connecting(graph, cuda_device("v100"), topk=3, evaluate=evaluate)
         assert calls.count(2) == fused_calls
         assert calls.count(1) == 6  # each single node: all three configs (the bar is inf)
+
+
+def test_nothing_is_timed_that_cannot_change_the_plan():
+    """Both nodes have an analytic kernel and refuse tile configs; their pair has neither
+    (e.g. two convolutions): the edge stays in DRAM without timing either node, and each
+    node, with one way to run, is planned untimed (latency NaN). When the pair has an
+    analytic kernel too, all three are timed and the faster side wins."""
+    import math
+
+    graph, _ = _paper_graph(4096)
+    for pair_claimed, timed in ((False, 0), (True, 3)):
+        calls = []
+
+        def alone(sub):
+            calls.append(sub.names)
+            return 0.5 if len(sub.nodes) > 1 else 1.0
+
+        plan = graph_connecting(graph, cuda_device("v100"), topk=2, alone=alone,
+                                tiles_wanted=lambda sub: False,
+                                claimed=lambda sub: len(sub.nodes) == 1 or pair_claimed)
+        assert len(calls) == timed
+        if pair_claimed:
+            assert plan.connected and len(plan.groups) == 1
+            assert plan.groups[0].candidate is None and plan.groups[0].latency == 0.5
+        else:
+            assert not plan.connected and len(plan.groups) == 2
+            assert all(g.candidate is None and math.isnan(g.latency) for g in plan.groups)

@@ -19,7 +19,8 @@ For every Relax function:
    timed on the target, eOperators and memory-bound operators (reshape, add, ...) from
    bytes moved and measured bandwidth, weight-only kernels free
    because `FoldConstant` evaluates them at compile time) and keep the cheapest; a
-   non-original choice must beat the original by `min_speedup`;
+   non-original choice must beat the original by `min_speedup`. An operator with no other
+   candidate keeps its roofline estimate: there is nothing for a timing to decide;
 4. time the rewrite against the original subprogram (with `confirm_by_measurement`): one that
    is not faster there is not used, and so not checked either; then verify the rewritten
    subprogram as a whole against the original one: `tvm.compile` both and compare on random
@@ -301,7 +302,10 @@ class DerivationTransform:
         """The candidates of one operator (the original first; see the module docstring, step
         2) with their costs, and the cheapest by `choose`."""
         notes: List[str] = []
-        candidates = [self._program("original", op, original_emit(op))]
+        # The original is costed by the roofline until there is something to choose between:
+        # timing it (a build and ~0.4 s) decides nothing when no alternative is found, and
+        # most operators have none (GCN: 20 of 31 convolutions, ~8 s of a cold compile).
+        candidates = [self._program("original", op, original_emit(op), timed=False)]
         if self.providers and op.kind == "relax.matmul" and \
                 self.target.kind.name == "llvm" and \
                 numpy_gemm.supports(*op.args):
@@ -331,6 +335,8 @@ class DerivationTransform:
             self._searched[signature] = (op, tuple(derived), stats, tuple(found_notes), best)
             candidates += derived
             notes += found_notes
+        if len(candidates) > 1:
+            candidates = self._timed_original(op, candidates)
         chosen = self.choose(candidates)
         if chosen is candidates[0] and disk_key is not None and \
                 signature not in self._recorded:
@@ -432,6 +438,8 @@ class DerivationTransform:
                 merged = merge_expressions(a.op.expr, b.op.expr)
             except (RuleNotApplicable, ValueError):
                 continue  # not two computations differing in one input
+            ops[i] = a = self._with_timed_original(a)  # the merge is held against them
+            ops[j] = b = self._with_timed_original(b)
             try:
                 emit_a, emit_b = merged_emits(merged, self._providers)
                 mod = subprogram_module((a.op, b.op), [emit_a, emit_b])
@@ -473,9 +481,24 @@ class DerivationTransform:
             replace(self.budget, time_limit_s=time_limit_s)
         return distance_guided_search(expr, rules, targets, budget, rank=rank, cost=rank)
 
-    def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None
-                 ) -> Program:
-        kernels = program_kernels(subprogram_module((op,), [emit]), self.target, self.peaks)
+    def _timed_original(self, op: OpNode, candidates: Sequence[Program]) -> List[Program]:
+        """`candidates` with the original (first, costed with `timed=False`) timed, for a
+        choice between it and others (`time_call` caches: timing it twice costs nothing)."""
+        if self.peaks is not None:
+            return list(candidates)
+        return [self._program("original", op, candidates[0].emit)] + list(candidates[1:])
+
+    def _with_timed_original(self, o: OpResult) -> OpResult:
+        candidates = self._timed_original(o.op, o.candidates)
+        return replace(o, candidates=tuple(candidates),
+                       chosen=candidates[0] if o.chosen is o.original else o.chosen)
+
+    def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None,
+                 timed: bool = True) -> Program:
+        """`emit` of `op` as a costed candidate: its operators timed on the target (`timed`
+        False, or `measure=False`: estimated by the roofline at the target's peaks)."""
+        peaks = self.peaks if timed or self.peaks is not None else measured_peaks()
+        kernels = program_kernels(subprogram_module((op,), [emit]), self.target, peaks)
         if state is None:
             return Program(label, kernels, emit)
         steps = state.derivations

@@ -220,7 +220,8 @@ class TileGraphFusion:
         plan = graph_connecting(graph, self.device, self.topk,
                                 self._evaluator(graph, factory, tiles_wanted),
                                 self._alone(graph, factory) if self.rules else None,
-                                tiles_wanted)
+                                tiles_wanted,
+                                lambda sub: self._analytic(sub, factory) is not None)
         replacements, rejected = [], []
         # A group whose best kernel is the analytic one (candidate None) is replaced by its
         # merged, unscheduled function, which the analytic rules schedule later exactly as

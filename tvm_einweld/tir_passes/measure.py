@@ -136,15 +136,15 @@ def module_rounds(mods, target, rounds: int = 5, pipeline=None, more=None,
     from tvm import relax
 
     from ..machine import best_seconds
+    from ..parallel_build import compile_modules
     from .fusion import analytic_pipeline
 
     target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     dev = tvm.device(target.get_target_device_type(), 0)
     calls = []
-    for mod in mods:
-        ex = tvm.compile(mod, target=target,
-                         relax_pipeline=pipeline or analytic_pipeline(target))
-        fn = relax.VirtualMachine(ex, dev)["main"]
+    built = compile_modules(mods, target, pipeline or analytic_pipeline(target))
+    for mod, module in zip(mods, built):
+        fn = relax.VirtualMachine(module, dev)["main"]
         rng = np.random.default_rng(0)
         args = [tvm.runtime.tensor(random_array(rng, tuple(int(v) for v in p.ty.shape.values),
                                                 str(p.ty.dtype)), dev)

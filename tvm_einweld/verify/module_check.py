@@ -30,6 +30,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..parallel_build import compile_modules
 from .inputs import random_array
 from .reference_schedule import reference_build_pipeline
 from .random_testing import TestResult, compare_arrays, tolerance_for
@@ -141,7 +142,9 @@ class CompiledModule:
     """`mod` built once with `tvm.compile` for `target`; `outputs(inputs)` runs `func_name`
     (every output, tuples flattened) and remembers the result per input set."""
 
-    def __init__(self, mod, target, func_name: str = "main") -> None:
+    def __init__(self, mod, target, func_name: str = "main", built=None,
+                 compile_seconds: float = 0.0) -> None:
+        """`built`: `mod` already compiled and loaded (`compile_all`); else it is built here."""
         import tvm
         from tvm import relax
 
@@ -150,13 +153,10 @@ class CompiledModule:
         self.signature = signature(mod, func_name)
         self.device = tvm.device(target.get_target_device_type(), 0)
         start = time.perf_counter()
-        # On a CPU the unscheduled kernels get loops that compute bit for bit what the default
-        # build computes, only faster (`reference_schedule`): most checks run an unscheduled
-        # module, and its scalar single-thread matmuls dominated compile time.
-        pipeline = reference_build_pipeline() if target.kind.name == "llvm" else "default"
-        self.vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=pipeline),
-                                       self.device)
-        self.compile_seconds = time.perf_counter() - start
+        if built is None:
+            built = compile_modules([mod], target, _check_pipeline(target))[0]
+        self.vm = relax.VirtualMachine(built, self.device)
+        self.compile_seconds = compile_seconds or time.perf_counter() - start
         self._outputs: dict = {}
 
     def outputs(self, inputs: InputSet) -> List[np.ndarray]:
@@ -198,20 +198,40 @@ _CACHE: "OrderedDict[tuple, CompiledModule]" = OrderedDict()
 _CACHE_SIZE = 6
 
 
+def _check_pipeline(target):
+    # On a CPU the unscheduled kernels get loops that compute bit for bit what the default
+    # build computes, only faster (`reference_schedule`): most checks run an unscheduled
+    # module, and its scalar single-thread matmuls dominated compile time.
+    return reference_build_pipeline() if target.kind.name == "llvm" else "default"
+
+
 def compiled(mod, target, func_name: str = "main") -> CompiledModule:
     """The `CompiledModule` of `mod` for `target`, shared by every check in this process
     (keyed by structural hash; the few most recent are kept)."""
+    return compile_all([mod], target, func_name)[0]
+
+
+def compile_all(mods, target, func_name: str = "main") -> List[CompiledModule]:
+    """`compiled` of each module; those not built yet are built together, their code
+    generation in parallel (`parallel_build`: a check's two builds in the time of one)."""
     from tvm_ffi import structural_hash
 
-    key = (structural_hash(mod), str(target), func_name)
-    if key in _CACHE:
+    target = _as_target(target)
+    keys = [(structural_hash(mod), str(target), func_name) for mod in mods]
+    missing = {key: mod for key, mod in zip(keys, mods) if key not in _CACHE}
+    if missing:
+        start = time.perf_counter()
+        built = compile_modules(list(missing.values()), target, _check_pipeline(target))
+        seconds = time.perf_counter() - start
+        for (key, mod), module in zip(missing.items(), built):
+            _CACHE[key] = CompiledModule(mod, target, func_name, module, seconds)
+    out = []
+    for key in keys:
         _CACHE.move_to_end(key)
-        return _CACHE[key]
-    module = CompiledModule(mod, target, func_name)
-    _CACHE[key] = module
+        out.append(_CACHE[key])
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
-    return module
+    return out
 
 
 def compare_compiled(got: CompiledModule, ref: CompiledModule, sets: Sequence[InputSet],
@@ -257,7 +277,7 @@ def check_module(stage: str, before, after, target, func_name: str = "main", see
     shape, a build error) is a failed check: its evidence says why."""
     start = time.perf_counter()
     try:
-        ref, got = compiled(before, target, func_name), compiled(after, target, func_name)
+        ref, got = compile_all([before, after], target, func_name)
         if ref.signature != got.signature:
             return ModuleCheck(stage, False, f"parameters differ: {ref.signature} vs "
                                f"{got.signature}", time.perf_counter() - start)
@@ -302,5 +322,6 @@ def checked(stage: str, before, after, target, checks: Optional[list] = None, **
     return before
 
 
-__all__ = ["InputSet", "input_sets", "index_bounds", "signature", "CompiledModule", "compiled", "ModuleCheck",
+__all__ = ["InputSet", "input_sets", "index_bounds", "signature", "CompiledModule", "compiled",
+           "compile_all", "ModuleCheck",
            "compare_compiled", "check_module", "checked", "LARGE_SCALE"]
