@@ -111,7 +111,7 @@ def test_modules_compiled_together_compute_what_each_compiles_to_alone():
     for mod, built in zip(mods, together):
         x = RNG.uniform(-1, 1, tuple(int(d) for d in mod["main"].params[0].ty.shape))
         x = tvm.runtime.tensor(x.astype("float32"))
-        got = relax.VirtualMachine(built, tvm.cpu())["main"](x).numpy()
+        got = built["main"](x).numpy()
         alone = relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu())["main"](x).numpy()
         np.testing.assert_array_equal(got, alone)
 

@@ -63,6 +63,27 @@ def test_time_taken_on_a_busy_machine_is_kept_so_compiles_repeat(private_cache, 
     assert json.loads(private_cache.read_text())[op_cost.call_key(call, "llvm")] == seconds
 
 
+def test_calls_timed_together_are_the_ones_program_kernels_then_finds(private_cache,
+                                                                       monkeypatch):
+    """`time_calls` builds the calls two programs would time in one batch and caches each
+    under its `time_call` key: costing the programs afterwards times nothing."""
+    x = relax.Var("x", relax.TensorType((1, 4, 10, 10), "float32"))
+    w = relax.Var("w", relax.TensorType((6, 4, 3, 3), "float32"))
+    mods = []
+    for padding in (0, 1):
+        bb = relax.BlockBuilder()
+        with bb.function("main", [x, w]):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=padding))
+            bb.emit_func_output(out)
+        mods.append(bb.get())
+    op_cost.time_calls(mods, "llvm")
+    monkeypatch.setattr(op_cost, "measure_call", lambda *a, **k: pytest.fail("timed again"))
+    kernels = [op_cost.program_kernels(m, "llvm") for m in mods]
+    assert all(len(k) == 1 and k[0].measured and k[0].seconds > 0 for k in kernels)
+    assert len(json.loads(private_cache.read_text())) == 2
+
+
 def test_cache_key_names_the_package_version_and_its_code():
     """Kernels change with the code: a time measured with older kernels is not reused."""
     from tvm_einweld import __version__

@@ -165,7 +165,7 @@ def test_nothing_is_timed_that_cannot_change_the_plan():
 
     graph, _ = _paper_graph(4096)
     for pair_claimed, timed in ((False, 0), (True, 3)):
-        calls = []
+        calls, prefetched = [], []
 
         def alone(sub):
             calls.append(sub.names)
@@ -173,8 +173,12 @@ def test_nothing_is_timed_that_cannot_change_the_plan():
 
         plan = graph_connecting(graph, cuda_device("v100"), topk=2, alone=alone,
                                 tiles_wanted=lambda sub: False,
-                                claimed=lambda sub: len(sub.nodes) == 1 or pair_claimed)
+                                claimed=lambda sub: len(sub.nodes) == 1 or pair_claimed,
+                                prefetch=lambda subs: prefetched.append(
+                                    sorted(len(s.nodes) for s in subs)))
         assert len(calls) == timed
+        # The edge's three kernels are announced together, before the first is timed.
+        assert prefetched == ([[1, 1, 2]] if pair_claimed else [])
         if pair_claimed:
             assert plan.connected and len(plan.groups) == 1
             assert plan.groups[0].candidate is None and plan.groups[0].latency == 0.5

@@ -3,7 +3,8 @@
 A module check compiles two modules (the one a stage was given and the one it returned), a
 paired timing two more; on GCN each of those builds is ~9 s, nearly all of it TIR lowering,
 LLVM's optimiser and the JIT's machine-code generation. Those run in C++ and release the GIL,
-so two of them in two threads take the time of the longer one. The Relax pipeline before them
+so two of them in two threads take the time of the longer one (the JIT runs when a
+`relax.VirtualMachine` loads the executable: the threads load them too). The Relax pipeline before them
 does not parallelise: TVM's Python passes keep global state (legalisation's `te.tag` scope
 raises "nested op_tag" when two threads enter it), so each module's pipeline runs in turn
 here, then the code generation of all of them in a pool of threads (at most one per physical
@@ -26,9 +27,10 @@ from .machine import physical_cores
 
 def compile_modules(mods: Sequence[tvm.IRModule], target: tvm.target.Target,
                     pipeline: Union[tvm.transform.Pass, str] = "default"
-                    ) -> List[tvm.runtime.Module]:
+                    ) -> List["tvm.relax.VirtualMachine"]:
     """Each module built as `tvm.compile(mod, target, relax_pipeline=pipeline)` and loaded
-    (JIT), ready for `relax.VirtualMachine`."""
+    in a `relax.VirtualMachine` on the target's device (loading is when the JIT generates
+    machine code: ~0.3 s for one analytic conv kernel, so it runs in the threads too)."""
     from tvm import relax
 
     if isinstance(pipeline, str):  # as relax.build resolves a pipeline's name
@@ -39,8 +41,11 @@ def compile_modules(mods: Sequence[tvm.IRModule], target: tvm.target.Target,
         with target:
             lowered.append(pipeline(mod))
 
-    def generate(mod: tvm.IRModule) -> tvm.runtime.Module:
-        return tvm.compile(mod, target=target, relax_pipeline=None).jit()
+    device = tvm.device(target.get_target_device_type(), 0)
+
+    def generate(mod: tvm.IRModule) -> "relax.VirtualMachine":
+        return relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=None),
+                                    device)
 
     if len(lowered) == 1:
         return [generate(lowered[0])]

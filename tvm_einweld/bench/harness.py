@@ -89,7 +89,10 @@ class ModelResult:
 class TimingPlan:
     repeats: int = 7  # timed rounds per runner
     warmup: int = 1  # untimed rounds (one call each) before them
-    min_sample_seconds: float = 0.05  # a round repeats short calls back to back up to this
+    # A round repeats short calls back to back up to this and keeps their median: one call
+    # of a 50 ms model per round let a single slow call set a round (GCN, CSRNet: 20-48 %
+    # spreads); five agree within a few percent on an idle machine.
+    min_sample_seconds: float = 0.25
     threads: Optional[int] = None  # threads every runtime gets; None: the physical cores
     isolate: bool = True  # each runner in its own worker process
     prepare_timeout: Optional[float] = None  # seconds to prepare (tune + compile); None: no limit

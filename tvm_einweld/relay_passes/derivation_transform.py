@@ -70,7 +70,7 @@ from .candidates import (
     Emit, OpResult, Program, Providers, SubprogramResult, derived_emit, gemm_emit, merged_emits,
     original_emit, subprogram_inputs, subprogram_module, unchanged_result,
 )
-from .op_cost import flops, program_kernels, roofline_seconds, static_shape
+from .op_cost import flops, program_kernels, roofline_seconds, static_shape, time_calls
 from .derivation import Rule
 from .registry import default_rules
 from .rewrite_log import active_logs, write_records
@@ -494,11 +494,13 @@ class DerivationTransform:
                        chosen=candidates[0] if o.chosen is o.original else o.chosen)
 
     def _program(self, label: str, op: OpNode, emit: Emit, state: Optional[State] = None,
-                 timed: bool = True) -> Program:
-        """`emit` of `op` as a costed candidate: its operators timed on the target (`timed`
-        False, or `measure=False`: estimated by the roofline at the target's peaks)."""
+                 timed: bool = True, module: Optional[tvm.IRModule] = None) -> Program:
+        """`emit` of `op` (as `module`, when already built) as a costed candidate: its
+        operators timed on the target (`timed` False, or `measure=False`: estimated by the
+        roofline at the target's peaks)."""
         peaks = self.peaks if timed or self.peaks is not None else measured_peaks()
-        kernels = program_kernels(subprogram_module((op,), [emit]), self.target, peaks)
+        module = module if module is not None else subprogram_module((op,), [emit])
+        kernels = program_kernels(module, self.target, peaks)
         if state is None:
             return Program(label, kernels, emit)
         steps = state.derivations
@@ -506,10 +508,12 @@ class DerivationTransform:
                        tuple(p for d in steps for p in d.proofs))
 
     def _derived(self, op: OpNode, result: SearchResult, notes: List[str]) -> List[Program]:
-        """Instantiate the matched states first, then explored ones, up to the cap."""
+        """Instantiate the matched states first, then explored ones, up to the cap. Their
+        operators, and the original's, are built together and timed in one batch
+        (`op_cost.time_calls`: code generation in parallel threads)."""
         ordered = [s for s in [m.state for m in result.matches] + list(result.states)
                    if s.depth > 0]
-        out: List[Program] = []
+        instantiated = []
         tried: List[Expr] = []
         for state in ordered:
             if len(tried) >= self.max_instantiations:
@@ -518,12 +522,28 @@ class DerivationTransform:
                 continue
             tried.append(state.expr)
             try:
-                out.append(self._program("derived", op,
-                                         derived_emit(state.expr, self._providers), state))
+                emit = derived_emit(state.expr, self._providers)
+                instantiated.append((state, emit, subprogram_module((op,), [emit])))
             except Exception as err:  # not instantiable (yet): not a candidate
-                notes.append(f"state {' > '.join(state.rules)} not instantiated: "
-                             f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                notes.append(self._not_instantiated(state, err))
+        if instantiated and self.peaks is None:
+            try:
+                time_calls([m for _, _, m in instantiated] +
+                           [subprogram_module((op,), [original_emit(op)])], self.target)
+            except Exception:  # pylint: disable=broad-except  # each is timed alone below
+                pass
+        out: List[Program] = []
+        for state, emit, module in instantiated:
+            try:
+                out.append(self._program("derived", op, emit, state, module=module))
+            except Exception as err:  # not instantiable (yet): not a candidate
+                notes.append(self._not_instantiated(state, err))
         return out
+
+    @staticmethod
+    def _not_instantiated(state: State, err: Exception) -> str:
+        return (f"state {' > '.join(state.rules)} not instantiated: "
+                f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
 
     def _write_log(self, results: Sequence[SubprogramResult]) -> None:
         if self.log is None and not active_logs():

@@ -356,11 +356,46 @@ def program_kernels(mod, target, peaks: Optional[Peaks] = None) -> Tuple[Kernel,
     `peaks`, the nominal figures of `measure=False`: estimated by the roofline instead),
     eOperators (`call_tir`) estimated from bytes moved, and kernels whose inputs are all
     constants free (FoldConstant evaluates them at compile time)."""
+    kernels: List[Kernel] = []
+    for name, call, cost in _costed_calls(mod, peaks):
+        if cost is None:
+            kernels.append(Kernel(name, time_call(call, target), True))
+        else:
+            kernels.append(Kernel(name, cost, False))
+    return tuple(kernels)
+
+
+def time_calls(mods: Sequence, target) -> None:
+    """Time, all at once, every call that `program_kernels` of these modules would time and
+    that is not cached yet: their builds together (code generation in parallel threads,
+    `parallel_build`), their timings in alternating rounds; each time is then cached as
+    `time_call` caches it, so the `program_kernels` that follow find them. A module whose
+    kernels cannot be costed is skipped here (`program_kernels` says why)."""
+    pending: Dict[str, object] = {}
+    for mod in mods:
+        try:
+            calls = [call for _, call, cost in _costed_calls(mod, None) if cost is None]
+        except NotImplementedError:
+            continue
+        for call in calls:
+            key = call_key(call, target)
+            if machine.cached_value(key) is None:
+                pending.setdefault(key, call)
+    if len(pending) < 2:
+        return  # one build gains nothing from company: `time_call` times it
+    times = measure_modules([single_call_module(c) for c in pending.values()], target)
+    for key, seconds in zip(pending, times):
+        machine.cached(key, lambda seconds=seconds: seconds)
+
+
+def _costed_calls(mod, peaks: Optional[Peaks]):
+    """(kernel name, call, seconds) of each operator call of `mod["main"]`, seconds None
+    where the call is to be timed (see `program_kernels`); raises NotImplementedError for a
+    compute-bound eOperator (no predefined operator matched it)."""
     import tvm
     from tvm import relax
     from tvm.ir.expr import Constant
 
-    kernels: List[Kernel] = []
     constant: set = set()
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
@@ -383,23 +418,21 @@ def program_kernels(mod, target, peaks: Optional[Peaks] = None) -> Tuple[Kernel,
                     raise NotImplementedError(
                         f"{label} is compute-bound ({score:.2f} FLOPs/byte); no "
                         f"predefined operator matched it")
-                seconds = 0.0 if folded else eop_seconds_from_bytes(moved, peaks)
-                kernels.append(Kernel(label, seconds, False))
+                yield label, call, 0.0 if folded else eop_seconds_from_bytes(moved, peaks)
                 continue
             if name == "relax.call_dps_packed":
                 name = str(call.args[0].global_symbol)
             if folded:
-                kernels.append(Kernel(name, 0.0, False))
+                yield name, call, 0.0
             elif peaks is not None:
-                kernels.append(Kernel(name, estimate_call(call, peaks), False))
+                yield name, call, estimate_call(call, peaks)
             else:
                 work, moved = call_work(call) if name.startswith("relax.") else (None, 0)
                 if work is not None and memory_bound(work, moved):
                     # Costed like an eOperator (see the module docstring), not timed.
-                    kernels.append(Kernel(name, eop_seconds_from_bytes(moved), False))
+                    yield name, call, eop_seconds_from_bytes(moved)
                 else:
-                    kernels.append(Kernel(name, time_call(call, target), True))
-    return tuple(kernels)
+                    yield name, call, None
 
 
 def _tensor_inputs(call) -> list:
@@ -419,7 +452,7 @@ def _tensor_inputs(call) -> list:
 __all__ = ["Kernel", "program_seconds", "bytes_moved", "flops", "arithmetic_intensity",
            "is_memory_bound", "eop_seconds", "eop_seconds_from_bytes",
            "measure_module", "measure_modules", "measured_comparison", "best_seconds", "call_key",
-           "time_call", "measure_call", "static_shape", "tensor_nbytes", "single_call_module",
+           "time_call", "time_calls", "measure_call", "static_shape", "tensor_nbytes", "single_call_module",
            "EOP_MAX_INTENSITY", "levels", "roofline_seconds", "kernel_flops", "estimate_call",
            "kernel_intensity", "call_bytes", "call_tir_intensity", "is_memory_bound_call",
            "program_kernels", "call_work"]

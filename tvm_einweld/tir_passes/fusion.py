@@ -30,7 +30,7 @@ from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, cpu_device, device_for_target
 from .localize import LocalizeError
 from .rules import is_scheduled, mark_scheduled
-from .measure import CheckResult, check_group, time_alone, time_kernel
+from .measure import CheckResult, check_group, time_alone, time_alone_all, time_kernel
 from .scheduler import (Candidate, GraphPlan, estimated_seconds, graph_connecting,
                         subgraph_tiling)
 from .tile_graph import SubGraph, TileGraph, build_tile_graph, subgraph
@@ -221,7 +221,8 @@ class TileGraphFusion:
                                 self._evaluator(graph, factory, tiles_wanted),
                                 self._alone(graph, factory) if self.rules else None,
                                 tiles_wanted,
-                                lambda sub: self._analytic(sub, factory) is not None)
+                                lambda sub: self._analytic(sub, factory) is not None,
+                                self._prefetch(graph, factory) if self.rules else None)
         replacements, rejected = [], []
         # A group whose best kernel is the analytic one (candidate None) is replaced by its
         # merged, unscheduled function, which the analytic rules schedule later exactly as
@@ -289,6 +290,22 @@ class TileGraphFusion:
                 return None
 
         return alone
+
+    def _prefetch(self, graph, factory):
+        """Times the analytic kernels of several sub-graphs at once (`measure.time_alone_all`:
+        built together, code generation in parallel), for `_alone` to find cached."""
+
+        def prefetch(subs) -> None:
+            if not self.measure or len(subs) < 2:
+                return
+            try:
+                time_alone_all(graph, [(sub, None if len(sub.nodes) == 1 else
+                                        factory.merged(sub)) for sub in subs], self.target)
+            except Exception as err:  # pylint: disable=broad-except  # `_alone` retries each
+                logger.info("kernels of %s not built together: %s",
+                            [sorted(sub.names) for sub in subs], err)
+
+        return prefetch
 
     def _claim(self, names: frozenset, func_of):
         """(rule family, scheduled function) that `rules.cpu.schedule_cpu` gives the kernel

@@ -133,8 +133,6 @@ def module_rounds(mods, target, rounds: int = 5, pipeline=None, more=None,
     hits all alike; each sample is `machine.best_seconds` of one looped call (>= 10 ms).
     `more(samples)` True asks for another `rounds` rounds, up to `max_rounds` in all
     (`alternate`)."""
-    from tvm import relax
-
     from ..machine import best_seconds
     from ..parallel_build import compile_modules
     from .fusion import analytic_pipeline
@@ -142,9 +140,9 @@ def module_rounds(mods, target, rounds: int = 5, pipeline=None, more=None,
     target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
     dev = tvm.device(target.get_target_device_type(), 0)
     calls = []
-    built = compile_modules(mods, target, pipeline or analytic_pipeline(target))
-    for mod, module in zip(mods, built):
-        fn = relax.VirtualMachine(module, dev)["main"]
+    vms = compile_modules(mods, target, pipeline or analytic_pipeline(target))
+    for mod, vm in zip(mods, vms):
+        fn = vm["main"]
         rng = np.random.default_rng(0)
         args = [tvm.runtime.tensor(random_array(rng, tuple(int(v) for v in p.ty.shape.values),
                                                 str(p.ty.dtype)), dev)
@@ -251,10 +249,36 @@ def time_alone(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | No
     would charge the packing of constant weights to every call). Cached like `time_kernel`,
     keyed by the kernel and its arguments' types and constness but not the constants' values
     (a kernel's time does not depend on its weights), so equal layers are timed once."""
+    from ..machine import cached
+
+    mod, key = _alone_module(graph, sub, target, func)
+    return float(cached(key, lambda: measure_modules([mod], target, repeats=3)[0]))
+
+
+def time_alone_all(graph: TileGraph, items, target) -> None:
+    """`time_alone` of every (sub-graph, func) in `items` not cached yet, built together
+    (code generation in parallel threads, `parallel_build`) and timed in alternating rounds;
+    the times are cached, so the `time_alone` calls that follow find them."""
+    from ..machine import cached, cached_value
+
+    pending = {}
+    for sub, func in items:
+        mod, key = _alone_module(graph, sub, target, func)
+        if cached_value(key) is None:
+            pending.setdefault(key, mod)
+    if len(pending) < 2:
+        return  # one build gains nothing from company: `time_alone` times it
+    times = measure_modules(list(pending.values()), target, repeats=3)
+    for key, seconds in zip(pending, times):
+        cached(key, lambda seconds=seconds: seconds)
+
+
+def _alone_module(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | None):
+    """(module, cache key) of `time_alone`."""
     from tvm import relax
     from tvm_ffi import structural_hash
 
-    from ..machine import cached, code_version
+    from ..machine import code_version
 
     node = sub.nodes[0]
     inputs = node.inputs if func is None else sub.inputs
@@ -275,7 +299,7 @@ def time_alone(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | No
                      f"{graph.tensors[n].dtype}{list(graph.tensors[n].shape)}" for n in inputs)
     key = (f"{code_version()}|{tvm.target.Target(target)}|alone|"
            f"{structural_hash(mod['kernel'])}|{kinds}|{out.dtype}{list(out.shape)}")
-    return float(cached(key, lambda: measure_modules([mod], target, repeats=3)[0]))
+    return mod, key
 
 
 def run_reference(graph: TileGraph, sub: SubGraph, arrays, target="llvm") -> np.ndarray:

@@ -293,7 +293,8 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
                      evaluate: Evaluator | None = None,
                      alone: Callable[[SubGraph], "float | None"] | None = None,
                      tiles_wanted: Callable[[SubGraph], bool] | None = None,
-                     claimed: Callable[[SubGraph], bool] | None = None) -> GraphPlan:
+                     claimed: Callable[[SubGraph], bool] | None = None,
+                     prefetch: Callable[[list], None] | None = None) -> GraphPlan:
     """GraphConnecting: decide, edge by edge, which tensors stay at the fast level.
 
     `evaluate(sub, candidate)` returns the seconds of that tile config measured on the target,
@@ -314,7 +315,9 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
     wanted or fitting) stays in DRAM without pricing either side, and a group left with one
     way to run — its analytic kernel, tile configs refused — is planned without timing it
     (latency NaN: there was nothing to choose between). On GCN this skipped most of ~90
-    kernel timings, each a build and ~0.3 s of compile time.
+    kernel timings, each a build and ~0.3 s of compile time. `prefetch(subs)` is told the
+    sub-graphs whose analytic kernels an edge is about to time (its two sides and their
+    union), so that it can build them together.
     """
     start = time.perf_counter()
     groups = _Groups([n.name for n in graph.nodes])
@@ -370,6 +373,11 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
         joined = groups.members(node.name) | groups.members(consumer.name)
         if not possible(joined):
             continue
+        if prefetch is not None:
+            subs = [subgraph(graph, names) for names in
+                    (groups.members(node.name), groups.members(consumer.name), joined)
+                    if names not in best]
+            prefetch([sub for sub in subs if sub is not None and has_kernel(sub)])
         apart = value(price(groups.members(node.name))) + value(price(
             groups.members(consumer.name)))
         together = price(joined, apart)

@@ -144,18 +144,17 @@ class CompiledModule:
 
     def __init__(self, mod, target, func_name: str = "main", built=None,
                  compile_seconds: float = 0.0) -> None:
-        """`built`: `mod` already compiled and loaded (`compile_all`); else it is built here."""
+        """`built`: `mod` already compiled and loaded in a VirtualMachine (`compile_all`);
+        else it is built here."""
         import tvm
-        from tvm import relax
 
         target = _as_target(target)
         self.func_name = func_name
         self.signature = signature(mod, func_name)
         self.device = tvm.device(target.get_target_device_type(), 0)
         start = time.perf_counter()
-        if built is None:
-            built = compile_modules([mod], target, _check_pipeline(target))[0]
-        self.vm = relax.VirtualMachine(built, self.device)
+        self.vm = built if built is not None else \
+            compile_modules([mod], target, _check_pipeline(target))[0]
         self.compile_seconds = compile_seconds or time.perf_counter() - start
         self._outputs: dict = {}
 
