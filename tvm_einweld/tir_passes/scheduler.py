@@ -91,7 +91,8 @@ def _seconds(tiles, device: Device) -> float:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """A scheduled group: its nodes, the chosen tile and its seconds (measured or estimated).
+    """A scheduled group: its nodes, the chosen tile and its seconds (measured or estimated;
+    NaN where nothing was to be chosen, so nothing was timed: see `graph_connecting`).
     A single node whose own kernel (an analytic schedule rule's) is faster than every tile
     config has no candidate: it is left to that rule."""
 
