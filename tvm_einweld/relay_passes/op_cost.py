@@ -371,21 +371,15 @@ def time_calls(mods: Sequence, target) -> None:
     `parallel_build`), their timings in alternating rounds; each time is then cached as
     `time_call` caches it, so the `program_kernels` that follow find them. A module whose
     kernels cannot be costed is skipped here (`program_kernels` says why)."""
-    pending: Dict[str, object] = {}
+    calls: Dict[str, object] = {}
     for mod in mods:
         try:
-            calls = [call for _, call, cost in _costed_calls(mod, None) if cost is None]
+            timed = [call for _, call, cost in _costed_calls(mod, None) if cost is None]
         except NotImplementedError:
             continue
-        for call in calls:
-            key = call_key(call, target)
-            if machine.cached_value(key) is None:
-                pending.setdefault(key, call)
-    if len(pending) < 2:
-        return  # one build gains nothing from company: `time_call` times it
-    times = measure_modules([single_call_module(c) for c in pending.values()], target)
-    for key, seconds in zip(pending, times):
-        machine.cached(key, lambda seconds=seconds: seconds)
+        calls.update((call_key(call, target), call) for call in timed)
+    machine.cached_all(calls, lambda pending: measure_modules(
+        [single_call_module(c) for c in pending], target))
 
 
 def _costed_calls(mod, peaks: Optional[Peaks]):

@@ -259,18 +259,13 @@ def time_alone_all(graph: TileGraph, items, target) -> None:
     """`time_alone` of every (sub-graph, func) in `items` not cached yet, built together
     (code generation in parallel threads, `parallel_build`) and timed in alternating rounds;
     the times are cached, so the `time_alone` calls that follow find them."""
-    from ..machine import cached, cached_value
+    from ..machine import cached_all
 
-    pending = {}
+    modules = {}
     for sub, func in items:
         mod, key = _alone_module(graph, sub, target, func)
-        if cached_value(key) is None:
-            pending.setdefault(key, mod)
-    if len(pending) < 2:
-        return  # one build gains nothing from company: `time_alone` times it
-    times = measure_modules(list(pending.values()), target, repeats=3)
-    for key, seconds in zip(pending, times):
-        cached(key, lambda seconds=seconds: seconds)
+        modules[key] = mod
+    cached_all(modules, lambda pending: measure_modules(pending, target, repeats=3))
 
 
 def _alone_module(graph: TileGraph, sub: SubGraph, target, func: tirx.PrimFunc | None):

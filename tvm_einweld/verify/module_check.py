@@ -139,23 +139,16 @@ def signature(mod, func_name: str = "main") -> List[Tuple[Tuple[int, ...], str]]
 
 
 class CompiledModule:
-    """`mod` built once with `tvm.compile` for `target`; `outputs(inputs)` runs `func_name`
-    (every output, tuples flattened) and remembers the result per input set."""
+    """`mod` built for `target` (`build_modules`) and loaded in `vm`; `outputs(inputs)` runs
+    `func_name` (every output, tuples flattened) and remembers the result per input set."""
 
-    def __init__(self, mod, target, func_name: str = "main", built=None,
-                 compile_seconds: float = 0.0) -> None:
-        """`built`: `mod` already compiled and loaded in a VirtualMachine (`compile_all`);
-        else it is built here."""
+    def __init__(self, mod, target, vm, func_name: str = "main") -> None:
         import tvm
 
-        target = _as_target(target)
         self.func_name = func_name
         self.signature = signature(mod, func_name)
-        self.device = tvm.device(target.get_target_device_type(), 0)
-        start = time.perf_counter()
-        self.vm = built if built is not None else \
-            compile_modules([mod], target, _check_pipeline(target))[0]
-        self.compile_seconds = compile_seconds or time.perf_counter() - start
+        self.device = tvm.device(_as_target(target).get_target_device_type(), 0)
+        self.vm = vm
         self._outputs: dict = {}
 
     def outputs(self, inputs: InputSet) -> List[np.ndarray]:
@@ -210,20 +203,24 @@ def compiled(mod, target, func_name: str = "main") -> CompiledModule:
     return compile_all([mod], target, func_name)[0]
 
 
+def build_modules(mods, target, func_name: str = "main") -> List[CompiledModule]:
+    """Each module built for `target` the way checks build them (see `_check_pipeline`),
+    all together: their code generation in parallel (`parallel_build`: a check's two builds
+    in the time of one). Not cached (`compile_all` is)."""
+    target = _as_target(target)
+    vms = compile_modules(list(mods), target, _check_pipeline(target))
+    return [CompiledModule(mod, target, vm, func_name) for mod, vm in zip(mods, vms)]
+
+
 def compile_all(mods, target, func_name: str = "main") -> List[CompiledModule]:
-    """`compiled` of each module; those not built yet are built together, their code
-    generation in parallel (`parallel_build`: a check's two builds in the time of one)."""
+    """`compiled` of each module; those not built yet are built together (`build_modules`)."""
     from tvm_ffi import structural_hash
 
-    target = _as_target(target)
     keys = [(structural_hash(mod), str(target), func_name) for mod in mods]
     missing = {key: mod for key, mod in zip(keys, mods) if key not in _CACHE}
     if missing:
-        start = time.perf_counter()
-        built = compile_modules(list(missing.values()), target, _check_pipeline(target))
-        seconds = time.perf_counter() - start
-        for (key, mod), module in zip(missing.items(), built):
-            _CACHE[key] = CompiledModule(mod, target, func_name, module, seconds)
+        for key, module in zip(missing, build_modules(missing.values(), target, func_name)):
+            _CACHE[key] = module
     out = []
     for key in keys:
         _CACHE.move_to_end(key)
@@ -322,5 +319,5 @@ def checked(stage: str, before, after, target, checks: Optional[list] = None, **
 
 
 __all__ = ["InputSet", "input_sets", "index_bounds", "signature", "CompiledModule", "compiled",
-           "compile_all", "ModuleCheck",
+           "compile_all", "build_modules", "ModuleCheck",
            "compare_compiled", "check_module", "checked", "LARGE_SCALE"]

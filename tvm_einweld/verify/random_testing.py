@@ -198,7 +198,7 @@ def compare_relax(
     (`module_check.InputSet`s) are run after the `trials` random draws.
     """
     # module_check imports this module, so it is imported here
-    from .module_check import CompiledModule, InputSet, compare_compiled, signature
+    from .module_check import InputSet, build_modules, compare_compiled, signature
 
     sig_a, sig_b = signature(mod_a, func_name), signature(mod_b, func_name)
     what = f"Relax function {func_name!r} of two modules on {target}"
@@ -214,8 +214,8 @@ def compare_relax(
         sets.append(InputSet(f"trial {trial}",
                              tuple(random_array(rng, shape, dtype) for shape, dtype in sig_a)))
     sets += list(extra_inputs)
-    return compare_compiled(CompiledModule(mod_a, target, func_name),
-                            CompiledModule(mod_b, target, func_name), sets, what, rtol, atol)
+    got, ref = build_modules([mod_a, mod_b], target, func_name)
+    return compare_compiled(got, ref, sets, what, rtol, atol)
 
 __all__ = ["TestResult", "compare_expressions", "compare_relax", "compare_arrays",
            "replace_nonlinear_ops", "tolerance_for", "TOLERANCES", "NONLINEAR_OPS"]
