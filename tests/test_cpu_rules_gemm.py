@@ -108,8 +108,10 @@ def test_padded_tile_with_a_reshape_consumer():
     np.testing.assert_allclose(got, ref, **tol("float32"))
 
 
-def test_row_tiles_divide_padded_m():
-    """Every plan's row tile divides the padded M (see the test above), on any shape/cores."""
+def test_row_tiles_pad_m_little():
+    """Every plan's row tile is whole register blocks and M padded to whole row tiles wastes
+    less than one tile (and at most a seventh of M when M spans several tiles), on any
+    shape / core count."""
     caches = gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
     isa = VectorISA(bits=512, registers=32, fma=True)
     for m in (1, 7, 31, 197, 384, 396, 1000, 3136, 4099):
@@ -117,18 +119,38 @@ def test_row_tiles_divide_padded_m():
             blk = gemm.choose_register_block(isa, "float32", m, n)
             for cores in (1, 2, 3, 8, 64):
                 tiling = gemm.choose_tiles(blk, caches, "float32", 1, m, n, 1536, cores)
-                m_padded = -(-m // blk.mr) * blk.mr
-                assert tiling.mc % blk.mr == 0 and m_padded % tiling.mc == 0, (m, n, cores)
+                m_tiled = -(-m // tiling.mc) * tiling.mc
+                assert tiling.mc % blk.mr == 0 and m_tiled - m < tiling.mc, (m, n, cores)
+                if m >= 4 * tiling.mc:
+                    assert m_tiled - m <= m / 7, (m, n, cores, tiling)
 
 
-def test_split_k_schedule():
-    """The K-blocked variant (panels larger than half of L2), forced through `tiling`."""
-    func = te_matmul(40, 64, 96)
-    tiling = gemm.Tiling(gemm.RegisterBlock(4, 2, 16), mc=20, kc=32)
+@pytest.mark.parametrize("columns_outer", [False, True])
+@pytest.mark.parametrize("kc", [32, 96])
+def test_tile_orders_and_split_k(columns_outer, kc):
+    """Both orders of the parallel tiles, with K whole and K blocked (whose mc x nr
+    accumulator must sit inside the inner of the two tile loops), forced through `tiling`;
+    M and N ragged so the padded tiles are cropped too."""
+    m, n, k = 37, 61, 96
+    func = te_matmul(m, n, k)
+    tiling = gemm.Tiling(gemm.RegisterBlock(4, 2, 16), mc=20, kc=kc, columns_outer=columns_outer)
     sch = gemm.schedule_gemm(func, TARGET, tiling)
-    a, b = rand(40, 96), rand(96, 64)
-    got = run_func(sch.mod["main"], a, b, out_shape=(40, 64), dtype="float32")
+    a, b = rand(m, k), rand(k, n)
+    got = run_func(sch.mod["main"], a, b, out_shape=(m, n), dtype="float32")
     np.testing.assert_allclose(got, a @ b, **tol("float32"))
+    check_inside_output(sch, m, n, k)
+
+
+def test_tile_order_follows_traffic():
+    """Column panels go outer when B is the operand that would be re-read from beyond L2
+    (BERT's 128 x 3072 . 3072 x 768: 9 MiB of weights), row tiles when B fits L2 (NeRF's
+    4096 x 256 . 256 x 256) or A is the larger re-read."""
+    caches = gemm.CacheSizes(l1=32 * 1024, l2=512 * 1024)
+    blk = gemm.RegisterBlock(6, 2, 8)
+    assert gemm.choose_tiles(blk, caches, "float32", 1, 128, 768, 3072, cores=2).columns_outer
+    assert not gemm.choose_tiles(blk, caches, "float32", 1, 4096, 256, 256, cores=2).columns_outer
+    assert not gemm.choose_tiles(blk, caches, "float32", 1, 4096, 3072, 64, cores=2
+                                 ).columns_outer
 
 
 def test_generic_x86_target():
