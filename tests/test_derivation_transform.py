@@ -361,3 +361,31 @@ def test_an_operator_without_alternatives_is_not_timed(private_cache, monkeypatc
     assert with_alternatives and timed
     assert all(k.measured for o in with_alternatives for k in o.original.kernels
                if k.name == "relax.nn.conv2d")
+
+
+def test_an_operator_with_a_tiny_share_of_the_flops_is_not_searched(private_cache):
+    """A convolution holding under `min_flop_share` of the module's FLOPs is left as it is,
+    without a search or a timing (it could save no more than its share), and says why; the
+    large one next to it is searched as before. What is skipped depends on FLOPs only."""
+    x = relax.Var("x", relax.TensorType((1, 16, 24, 24), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            big = bb.emit(relax.op.nn.conv2d(x, _const(16, 16, 3, 3), padding=1))
+            r = bb.emit(relax.op.nn.relu(big))
+            small = bb.emit(relax.op.nn.conv2d(r, _const(1, 16, 1, 1)))
+            out = bb.emit_output(small)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    transform = DerivationTransform(**SMALL, confirm_by_measurement=False, min_flop_share=0.1)
+    searched = []
+    inner = transform._inst
+    real = inner._search_op
+    inner._search_op = lambda op, signature: searched.append(op) or real(op, signature)
+    out = transform(mod)
+    ops = [o for r in transform.last_results for o in r.ops]
+    small_op = next(o for o in ops if "not searched" in " ".join(o.notes))
+    assert small_op.stats is None and small_op.chosen is small_op.original
+    assert "below min_flop_share" in " ".join(small_op.notes)
+    assert len(searched) == 1 and searched[0] is not small_op.op
+    assert_same_results(mod, out)

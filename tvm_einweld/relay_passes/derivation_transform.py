@@ -119,7 +119,8 @@ class DerivationTransform:
     bounded by states and depth only (not by `time_limit_s`, which ends a search at a point
     that depends on the machine's speed and load), so the same module always gets the same
     rewrites. `check_whole=False` leaves the check of the whole returned module to the caller
-    (the einweld pipeline checks its final module whole).
+    (the einweld pipeline checks its final module whole). Computations holding less than
+    `min_flop_share` of the module's summation FLOPs are not searched (`_minor_signatures`).
     """
 
     def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 1.0,
@@ -131,12 +132,15 @@ class DerivationTransform:
                  log: Union[None, str, Path, list] = None,
                  confirm_by_measurement: bool = True, measured_attempts: int = 3,
                  measure: bool = True, search_budget_s: float = 10.0,
-                 min_search_s: float = 0.25, check_whole: bool = True) -> None:
+                 min_search_s: float = 0.25, check_whole: bool = True,
+                 min_flop_share: float = 0.01) -> None:
         self.budget = Budget(max_depth=max_depth, max_states=max_states,
                              time_limit_s=time_limit_s if measure else float("inf"), seed=seed)
         self.search_budget_s = search_budget_s
         self.min_search_s = min(min_search_s, time_limit_s)
         self._limits: Dict[tuple, float] = {}  # search seconds per operator signature
+        self.min_flop_share = min_flop_share
+        self._minor: Dict[tuple, float] = {}  # signature -> FLOP share, for those not searched
         self.measure = measure
         self.target = target if isinstance(target, Target) else Target(target)
         self.peaks = peaks_for(self.target, measure)
@@ -186,8 +190,9 @@ class DerivationTransform:
             return mod, ()
         splits = split_module(mod)
         total = sum(len(split.subprograms) for split in splits.values())
-        self._limits = self._search_limits(
-            [op for split in splits.values() for sub in split.subprograms for op in sub.ops])
+        every_op = [op for split in splits.values() for sub in split.subprograms for op in sub.ops]
+        self._minor = self._minor_signatures(every_op)
+        self._limits = self._search_limits(every_op)
         for fname, split in splits.items():
             replacements: Dict[relax.Var, Callable] = {}
             for sub in split.subprograms:
@@ -316,6 +321,11 @@ class DerivationTransform:
             return OpResult(op, tuple(candidates), candidates[0], None,
                             ("no summation: nothing to derive",))
         signature = _op_signature(op)
+        if signature in self._minor:
+            return OpResult(op, tuple(candidates), candidates[0], None,
+                            (f"not searched: {self._minor[signature]:.2%} of the module's "
+                             f"FLOPs (below min_flop_share {self.min_flop_share:g}: a "
+                             "derivation could save no more than that)",))
         disk_key = self._decision_key(signature)
         if signature in self._searched:
             # The same computation on other tensors (a repeated layer): its derived candidates
@@ -346,6 +356,22 @@ class DerivationTransform:
             machine.cached(disk_key, lambda: _NO_WINNER)
         return OpResult(op, tuple(candidates), chosen, stats, tuple(notes), best)
 
+    def _minor_signatures(self, ops: Sequence[OpNode]) -> Dict[tuple, float]:
+        """{signature: FLOP share} of the computations with summations whose instances together
+        hold less than `min_flop_share` of the module's summation FLOPs: a derivation saves at
+        most such an operator's own time, so it is not searched (Amdahl; GCN: 14 of its 31
+        convolutions, 3.5 % of its FLOPs, each costing a search and a timing). FLOPs are
+        static, so what is skipped does not depend on the machine."""
+        totals: Dict[tuple, float] = {}
+        for op in ops:
+            if op.expr.sums:
+                signature = _op_signature(op)
+                totals[signature] = totals.get(signature, 0.0) + float(flops(op.expr))
+        whole = sum(totals.values())
+        if whole <= 0:
+            return {}
+        return {s: f / whole for s, f in totals.items() if f / whole < self.min_flop_share}
+
     def _search_limits(self, ops: Sequence[OpNode]) -> Dict[tuple, float]:
         """Seconds of search per distinct operator signature with summations: the module's
         `search_budget_s` split in proportion to their FLOPs (a derived program saves at most
@@ -359,7 +385,7 @@ class DerivationTransform:
             return {}
         weights: Dict[tuple, float] = {}
         for op in ops:
-            if op.expr.sums:
+            if op.expr.sums and _op_signature(op) not in self._minor:
                 weights.setdefault(_op_signature(op), float(max(1, flops(op.expr))))
         limits: Dict[tuple, float] = {}
         budget, open_ = self.search_budget_s, dict(weights)
