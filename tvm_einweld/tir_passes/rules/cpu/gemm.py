@@ -211,8 +211,8 @@ def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: in
     rows = _whole_row_tiles(m_padded // block.mr, rows)
     mc = rows * block.mr
     m_tiled = math.ceil(m / mc) * mc
-    return Tiling(block, mc, kc, columns_outer=_columns_outer(caches, size, batch, m_tiled, mc,
-                                                             n, k, block.nr))
+    return Tiling(block, mc, kc, columns_outer=_columns_outer(caches, size, m_tiled, mc, n, k,
+                                                             block.nr))
 
 
 def _whole_row_tiles(blocks: int, limit: int) -> int:
@@ -226,14 +226,15 @@ def _whole_row_tiles(blocks: int, limit: int) -> int:
                key=lambda rows: (math.ceil(blocks / rows) * rows, -rows))
 
 
-def _columns_outer(caches: CacheSizes, size: int, batch: int, m: int, mc: int, n: int, k: int,
-                   nr: int) -> bool:
-    """Order of the parallel tiles: column panels outer (each panel of B read once, A re-read
-    per panel) or row tiles outer (A once, B re-read per row tile), whichever moves fewer bytes
-    from beyond L2. An operand fitting half of L2 is read once either way. Measured on a Zen 1
-    (L2 512 KiB): BERT's 128x3072 . 3072x768 9.96 -> 8.83 ms with columns outer (B 9 MiB,
-    11 row tiles), NeRF's 4096x256 . 256x256 8.7 -> 9.6 ms (B fits L2, A does not)."""
-    a_bytes, b_bytes = batch * m * k * size, batch * n * k * size
+def _columns_outer(caches: CacheSizes, size: int, m: int, mc: int, n: int, k: int, nr: int
+                   ) -> bool:
+    """Order of the parallel tiles within one batch element (the batch loop is outermost):
+    column panels outer (each panel of B read once, A re-read per panel) or row tiles outer
+    (A once, B re-read per row tile), whichever moves fewer bytes from beyond L2. An operand
+    fitting half of L2 is read once either way. Measured on a Zen 1 (L2 512 KiB): BERT's
+    128x3072 . 3072x768 9.96 -> 8.83 ms with columns outer (B 9 MiB, 11 row tiles), NeRF's
+    4096x256 . 256x256 8.7 -> 9.6 ms (B fits L2, A does not)."""
+    a_bytes, b_bytes = m * k * size, n * k * size
 
     def traffic(once: int, again: int, times: int) -> int:
         return once + (again if again <= caches.l2 // 2 else times * again)
