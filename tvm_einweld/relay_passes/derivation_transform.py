@@ -192,7 +192,7 @@ class DerivationTransform:
         total = sum(len(split.subprograms) for split in splits.values())
         every_op = [op for split in splits.values() for sub in split.subprograms for op in sub.ops]
         self._minor = self._minor_signatures(every_op)
-        self._limits = self._search_limits(every_op)
+        self._limits = self._search_limits(every_op, self._minor)
         for fname, split in splits.items():
             replacements: Dict[relax.Var, Callable] = {}
             for sub in split.subprograms:
@@ -372,21 +372,26 @@ class DerivationTransform:
             return {}
         return {s: f / whole for s, f in totals.items() if f / whole < self.min_flop_share}
 
-    def _search_limits(self, ops: Sequence[OpNode]) -> Dict[tuple, float]:
+    def _search_limits(self, ops: Sequence[OpNode], skipped: Mapping[tuple, float]
+                       ) -> Dict[tuple, float]:
         """Seconds of search per distinct operator signature with summations: the module's
         `search_budget_s` split in proportion to their FLOPs (a derived program saves at most
         the operator's own time, which grows with them), each share within [`min_search_s`,
         `time_limit_s`]; shares above the per-operator limit go to the others
         (water-filling). Operators the decision cache has decided keep their share unused, so
         an operator searched again gets the time it got in the first compile (and, up to the
-        machine's speed, the same outcome). Empty when the search is bounded by states alone
-        (`measure=False`): there, time plays no part."""
+        machine's speed, the same outcome). The `skipped` signatures (`_minor_signatures`) get
+        no share. Empty when the search is bounded by states alone (`measure=False`): there,
+        time plays no part."""
         if not math.isfinite(self.budget.time_limit_s):
             return {}
         weights: Dict[tuple, float] = {}
         for op in ops:
-            if op.expr.sums and _op_signature(op) not in self._minor:
-                weights.setdefault(_op_signature(op), float(max(1, flops(op.expr))))
+            if not op.expr.sums:
+                continue
+            signature = _op_signature(op)  # a canonical expression: built once per operator
+            if signature not in skipped:
+                weights.setdefault(signature, float(max(1, flops(op.expr))))
         limits: Dict[tuple, float] = {}
         budget, open_ = self.search_budget_s, dict(weights)
         while open_:

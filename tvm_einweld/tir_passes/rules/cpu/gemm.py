@@ -46,8 +46,8 @@ Sizing (all from the target and the device model, nothing from a particular CPU)
 under the register budget; `choose_tiles` keeps K whole while a K x nr panel of B fits in
 half of L2 (the accumulator then never leaves the registers), else blocks it for L1, and
 sizes `mc` for L2 while leaving enough parallel tiles for the cores (M padded to whole row
-tiles) and orders the tiles to move fewer bytes from beyond L2. Cache sizes come from sysfs (`machine.cache_sizes`) when the
-target is this host, else from the `DEFAULT_CACHES` table.
+tiles) and orders the tiles to move fewer bytes from beyond L2. Cache sizes come from sysfs
+(`machine.cache_sizes`) when the target is this host, else from the `DEFAULT_CACHES` table.
 """
 from __future__ import annotations
 
@@ -231,9 +231,9 @@ def _columns_outer(caches: CacheSizes, size: int, m: int, mc: int, n: int, k: in
     """Order of the parallel tiles within one batch element (the batch loop is outermost):
     column panels outer (each panel of B read once, A re-read per panel) or row tiles outer
     (A once, B re-read per row tile), whichever moves fewer bytes from beyond L2. An operand
-    fitting half of L2 is read once either way. Measured on a Zen 1 (L2 512 KiB): BERT's
-    128x3072 . 3072x768 9.96 -> 8.83 ms with columns outer (B 9 MiB, 11 row tiles), NeRF's
-    4096x256 . 256x256 8.7 -> 9.6 ms (B fits L2, A does not)."""
+    fitting half of L2 is read once either way. Measured on a Zen 1 (L2 512 KiB), rows outer
+    vs columns outer: BERT's 128x3072 . 3072x768 9.96 vs 8.83 ms (B 9 MiB, 11 row tiles),
+    NeRF's 4096x256 . 256x256 8.7 vs 9.6 ms (B fits L2, A does not)."""
     a_bytes, b_bytes = m * k * size, n * k * size
 
     def traffic(once: int, again: int, times: int) -> int:
