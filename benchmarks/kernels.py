@@ -338,14 +338,12 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path):
     """The "einweld" pipeline: the pass sequence `relax_pipeline="einweld"` resolves to
     (`tvm_einweld.pipeline`), built here so that what its stages did can be read back."""
     import tvm
-    from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
-    from tvm_einweld.einweld_pipeline import EinweldOptimize
+    from tvm_einweld.einweld_pipeline import EinweldOptimize, lowering
 
     target = _host_target()
     stages = EinweldOptimize(target)
-    pipeline = tvm.transform.Sequential([stages, relax.pipeline.default_build_pipeline()],
-                                        name="einweld")
+    pipeline = tvm.transform.Sequential([stages, lowering()])
     run = _tvm_run(tvm.compile(from_onnx(model), target, relax_pipeline=pipeline), model)
     rules = sorted(set((stages.rules.scheduled if stages.rules else {}).values()))
     tiled = list(stages.fusion.report.replaced if stages.fusion and

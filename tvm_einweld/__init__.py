@@ -15,7 +15,7 @@ configure_thread_pool()
 
 # Importing the package registers the "einweld" Relax pipeline, so that
 # `tvm.compile(mod, target, relax_pipeline="einweld")` works after `import tvm_einweld`.
-from .einweld_pipeline import EinweldOptimize, pipeline  # noqa: E402
+from .einweld_pipeline import EinweldOptimize, lowering, pipeline  # noqa: E402
 from .einweld_pipeline import register as _register_pipeline  # noqa: E402
 
 _register_pipeline()

@@ -22,7 +22,10 @@ Stages, in order:
      the untuned one and runs faster. The derivation chose on 0-trial times, so the module
      without its rewrites (stages 2-3b on the input) is tuned with the same budget, and of
      the two tuned modules the faster one is used (`revisited` says which and why);
-  5. TVM's default Relax lowering (`relax.pipeline.default_build_pipeline`).
+  5. TVM's default Relax lowering (`relax.pipeline.default_build_pipeline`), then the kernels
+     linked as built (`parallel_build.PrebuiltKernels`): the final check built every kernel
+     of the final module moments before, and `tvm.compile` links those instead of compiling
+     them again (`lowering()`).
 Every stage leaves what it cannot prove or check unchanged, so the pipeline computes what the
 input module computes. Parts are checked where they are made (each rewritten subprogram, each
 fused group, each tuned kernel), and the final module is run whole against the user's
@@ -48,6 +51,7 @@ from typing import Any, Dict, List, Optional, Union
 import tvm
 from tvm import relax
 
+from .parallel_build import PrebuiltKernels
 from .tir_passes.measure import compare_modules
 from .verify.module_check import ModuleCheck, check_if_runnable, checked
 
@@ -345,13 +349,19 @@ class _StageClock:
             _LOG.info("%s: %.1f s", name, spent)
 
 
+def lowering() -> tvm.transform.Pass:
+    """What follows `EinweldOptimize` in a `relax_pipeline`: TVM's default Relax lowering, then
+    the kernels linked from those already built in this process (`PrebuiltKernels`; any not
+    built yet are built there, in parallel)."""
+    return tvm.transform.Sequential([relax.pipeline.default_build_pipeline(),
+                                     PrebuiltKernels()], name="einweld_lowering")
+
+
 def pipeline(target: TargetLike = None, **options: Any) -> tvm.transform.Pass:
-    """The "einweld" Relax pipeline: `EinweldOptimize(target, **options)` then TVM's default
-    Relax lowering, ready for `tvm.compile(mod, target, relax_pipeline=...)`."""
-    return tvm.transform.Sequential(
-        [EinweldOptimize(target, **options), relax.pipeline.default_build_pipeline()],
-        name="einweld",
-    )
+    """The "einweld" Relax pipeline: `EinweldOptimize(target, **options)` then `lowering()`,
+    ready for `tvm.compile(mod, target, relax_pipeline=...)`."""
+    return tvm.transform.Sequential([EinweldOptimize(target, **options), lowering()],
+                                    name="einweld")
 
 
 def register() -> None:

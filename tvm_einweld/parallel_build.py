@@ -1,38 +1,154 @@
-"""Compiling several Relax modules at once, their code generation in parallel threads.
+"""Building Relax modules with each kernel compiled once, in parallel threads.
 
-A module check compiles two modules (the one a stage was given and the one it returned), a
-paired timing two more; on GCN each of those builds is ~9 s, nearly all of it TIR lowering,
-LLVM's optimiser and the JIT's machine-code generation. Those run in C++ and release the GIL,
-so two of them in two threads take the time of the longer one (the JIT runs when a
-`relax.VirtualMachine` loads the executable: the threads load them too). The Relax pipeline before them
-does not parallelise: TVM's Python passes keep global state (legalisation's `te.tag` scope
-raises "nested op_tag" when two threads enter it), so each module's pipeline runs in turn
-here, then the code generation of all of them in a pool of threads (at most one per physical
-core: more would only share the cores).
+A compile of one zoo model builds many modules that share kernels: every whole-module check
+builds the module a stage was given and the one it returned, every paired timing two more, and
+at the end `tvm.compile` builds the final module, which the final check has just built (GCN:
+~10 s a build, nearly all of it TIR lowering, LLVM's optimiser and the JIT's machine-code
+generation, one kernel after another). Here each kernel (PrimFunc) is built on its own, once:
 
-Why the result is the same program: `relax.build` runs the Relax pipeline and then generates
-code from its output; here the pipeline is run by the caller's thread and `relax.build` is
-called with `relax_pipeline=None` on its output, the same two steps in the same order, each
-module in one thread only.
+1. `compile_modules` runs each module's Relax pipeline in the caller's thread (TVM's Python
+   passes keep global state: legalisation's `te.tag` scope raises "nested op_tag" when two
+   threads enter it).
+2. `link_kernels` collects the PrimFuncs of all the lowered modules, builds those not built yet
+   with `tvm.tirx.build` in a pool of threads (one per physical core; the C++ work releases
+   the GIL) and makes each thread's JIT generate its machine code there and then; each module's
+   PrimFuncs are then replaced by `relax.ExternFunc`s of the same symbol, and the built kernels
+   are attached as the module's `external_mods`, which `relax.build` imports into the
+   executable.
+3. `relax.build(..., relax_pipeline=None)` generates the VM code and links: no kernel is
+   compiled there any more.
+
+`PrebuiltKernels` is step 2 as a pass: the einweld pipeline ends with it, so that
+`tvm.compile(mod, target, relax_pipeline="einweld")` links the kernels its final check built
+instead of compiling the whole module again.
+
+Why the result is the same program: `relax.build` builds the PrimFuncs of the module with
+`tvm.tirx.build(mod's PrimFuncs, target)` into one library and the VM calls each by its
+global symbol, looked up in the executable's imports. Here each PrimFunc goes through the same
+`tvm.tirx.build` on its own (a PrimFunc's lowering and code generation do not depend on the
+other functions of its module; a kernel that calls another function fails to build alone,
+and its module is then left to `relax.build`),
+the VM code calls the same symbols, and VM initialisation finds them in the imported modules.
+A cached kernel is reused only for a PrimFunc structurally equal to the one it was built from,
+global symbol included, so one executable never imports two kernels under one symbol.
+Only CPU (llvm) targets without a system library take this path; other targets are built by
+`relax.build` as before.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tvm
+from tvm import relax, tirx
+from tvm_ffi import structural_equal, structural_hash
 
 from .machine import physical_cores
+
+# Built kernels kept for reuse, most recent last: (structural hash, target) -> (func, module).
+# A zoo model's compile builds a few hundred distinct kernels; each kept one holds its LLVM
+# module and machine code (~1 MB), so the oldest are dropped beyond this.
+_KERNELS: "OrderedDict[Tuple[int, str], Tuple[tirx.PrimFunc, tvm.runtime.Module]]" = \
+    OrderedDict()
+_KERNEL_CACHE_SIZE = 512
+
+
+def _links_kernels(target: tvm.target.Target) -> bool:
+    """Kernels are built one by one for CPU targets: not for a system library (WebAssembly,
+    whose functions `relax.build` registers under a prefix) nor for device targets (each
+    kernel split into host and device code, which `relax.build` links itself)."""
+    return target.kind.name == "llvm" and "wasm" not in str(target.attrs.get("mtriple", ""))
+
+
+def _kernels(mod: tvm.IRModule) -> Dict[tvm.ir.GlobalVar, tirx.PrimFunc]:
+    """The PrimFuncs of `mod`, or {} when any of them is called by a symbol other than its
+    name (the VM code calls a kernel by its name)."""
+    prims = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    for gv, func in prims.items():
+        if str(func.attrs.get("global_symbol", "") if func.attrs else "") != gv.name_hint:
+            return {}
+    return prims
+
+
+def _build_one(func: tirx.PrimFunc, name: str, target: tvm.target.Target
+               ) -> Optional[tvm.runtime.Module]:
+    """`func` built alone, its machine code generated; None when it cannot be built alone
+    (e.g. it calls another function of its module): its module is then built whole."""
+    try:
+        lib = tvm.tirx.build(tvm.IRModule({name: func}), target=target)
+        lib.get_function(name)  # the JIT generates machine code now, in this thread
+        return lib
+    except Exception:  # pylint: disable=broad-except  # relax.build reports the real error
+        return None
+
+
+def link_kernels(mods: Sequence[tvm.IRModule], target: tvm.target.Target
+                 ) -> List[tvm.IRModule]:
+    """Each module (after its Relax pipeline) with every PrimFunc built (once per distinct
+    kernel, in parallel threads, reusing kernels built before) and replaced by an ExternFunc
+    of its symbol; the built kernels are in the module's `external_mods`. Modules for other
+    targets, or whose kernels cannot be built alone, are returned unchanged."""
+    if not _links_kernels(target):
+        return list(mods)
+    tkey = str(target)
+    plans, todo = [], {}
+    for mod in mods:
+        prims = _kernels(mod)
+        keys = {gv: (structural_hash(f), tkey) for gv, f in prims.items()}
+        for gv, key in keys.items():
+            hit = _KERNELS.get(key)
+            if hit is not None and not structural_equal(hit[0], prims[gv]):
+                # A hash collision: this function gets a key of its own.
+                keys[gv] = key = (key[0], f"{tkey}#{id(prims[gv])}")
+                hit = None
+            if hit is None and key not in todo:
+                todo[key] = (prims[gv], gv.name_hint)
+        plans.append((mod, prims, keys))
+    if todo:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(todo), physical_cores()))) as pool:
+            built = pool.map(lambda item: _build_one(item[0], item[1], target), todo.values())
+            for key, (func, _), lib in zip(todo, todo.values(), built):
+                if lib is not None:
+                    _KERNELS[key] = (func, lib)
+    out = []
+    for mod, prims, keys in plans:
+        if not prims or any(keys[gv] not in _KERNELS for gv in prims):
+            out.append(mod)
+            continue
+        libs = []
+        for gv in prims:
+            _KERNELS.move_to_end(keys[gv])
+            libs.append(_KERNELS[keys[gv]][1])
+        linked = tvm.IRModule({gv: relax.ExternFunc(gv.name_hint) if gv in prims else f
+                               for gv, f in mod.functions.items()},
+                              attrs=mod.attrs, global_infos=mod.global_infos)
+        external = list(mod.attrs.get("external_mods", [])) if mod.attrs else []
+        out.append(linked.with_attr("external_mods", external + libs))
+    while len(_KERNELS) > _KERNEL_CACHE_SIZE:
+        _KERNELS.popitem(last=False)
+    return out
+
+
+@tvm.transform.module_pass(opt_level=0, name="PrebuiltKernels")
+class PrebuiltKernels:
+    """The last pass of a `relax_pipeline`: the module's kernels built by `link_kernels`
+    (each once per process; a kernel a check or a timing built is linked, not rebuilt)."""
+
+    def __init__(self, target: Union[tvm.target.Target, None] = None) -> None:
+        self.target = target
+
+    def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+        target = self.target or tvm.target.Target.current()
+        return mod if target is None else link_kernels([mod], target)[0]
 
 
 def compile_modules(mods: Sequence[tvm.IRModule], target: tvm.target.Target,
                     pipeline: Union[tvm.transform.Pass, str] = "default"
-                    ) -> List["tvm.relax.VirtualMachine"]:
+                    ) -> List["relax.VirtualMachine"]:
     """Each module built as `tvm.compile(mod, target, relax_pipeline=pipeline)` and loaded
-    in a `relax.VirtualMachine` on the target's device (loading is when the JIT generates
-    machine code: ~0.3 s for one analytic conv kernel, so it runs in the threads too)."""
-    from tvm import relax
-
+    in a `relax.VirtualMachine` on the target's device, its kernels built by `link_kernels`
+    (on other targets each module's code generation runs in a thread of its own)."""
     if isinstance(pipeline, str):  # as relax.build resolves a pipeline's name
         gpu = pipeline == "default" and "gpu" in target.keys
         pipeline = relax.get_default_pipeline(target) if gpu else relax.get_pipeline(pipeline)
@@ -40,17 +156,18 @@ def compile_modules(mods: Sequence[tvm.IRModule], target: tvm.target.Target,
     for mod in mods:
         with target:
             lowered.append(pipeline(mod))
-
     device = tvm.device(target.get_target_device_type(), 0)
 
     def generate(mod: tvm.IRModule) -> "relax.VirtualMachine":
         return relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=None),
                                     device)
 
+    if _links_kernels(target):
+        return [generate(mod) for mod in link_kernels(lowered, target)]
     if len(lowered) == 1:
         return [generate(lowered[0])]
     with ThreadPoolExecutor(max_workers=min(len(lowered), physical_cores())) as pool:
         return list(pool.map(generate, lowered))
 
 
-__all__ = ["compile_modules"]
+__all__ = ["compile_modules", "link_kernels", "PrebuiltKernels"]

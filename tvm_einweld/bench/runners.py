@@ -302,17 +302,15 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunF
     `trials > 0`) then TVM's default lowering. The stage object is kept on the returned
     function (`run.stages`) so callers can report what each stage found."""
     import tvm
-    from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from ..einweld_pipeline import EinweldOptimize
+    from ..einweld_pipeline import EinweldOptimize, lowering
 
     work_dir.mkdir(parents=True, exist_ok=True)
     stages = EinweldOptimize(host_target(), trials=trials, work_dir=str(work_dir))
     with measurement_settings():
         executable = tvm.compile(from_onnx(model), host_target(),
-                                 relax_pipeline=tvm.transform.Sequential(
-                                     [stages, relax.pipeline.default_build_pipeline()]))
+                                 relax_pipeline=tvm.transform.Sequential([stages, lowering()]))
     run = vm_runner(executable, graph_input_names(model))
     run.stages = stages
     return run

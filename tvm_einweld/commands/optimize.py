@@ -65,10 +65,9 @@ def _runs_here(target) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     import tvm
-    from tvm import relax
 
     from ..cli import UserError
-    from ..einweld_pipeline import EinweldOptimize
+    from ..einweld_pipeline import EinweldOptimize, lowering
     from ..relay_passes.rewrite_log import RewriteLog
     from .demo import show_stages
     from .model_input import load, read_onnx
@@ -92,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     instruments = [RewriteLog(args.log)] if args.log else []
     with tvm.transform.PassContext(instruments=instruments):
-        executable = tvm.compile(mod, target, relax_pipeline=tvm.transform.Sequential(
-            [stages, relax.pipeline.default_build_pipeline()]))
+        executable = tvm.compile(mod, target, relax_pipeline=tvm.transform.Sequential([stages, lowering()]))
     print(f"compiled in {time.perf_counter() - start:.1f} s\n")
     show_stages(stages)
     staged = None
