@@ -69,6 +69,7 @@ GEMM, MEMORY, FUSED = "gemm", "memory", "fused"
 CONTRACTIONS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 OK, WRONG, FAILED, SKIPPED = "ok", "wrong", "failed", "skipped"
 LARGE_MNK = 2 ** 24  # the GEMM target applies from M*N*K = 2^24 (batch folded into M)
+SINGLE_OP_COMPILE_S = 10.0  # issue 14: a single operator compiles in at most this
 
 
 # ==== kernels, cut out of the zoo ===============================================================
@@ -1089,6 +1090,17 @@ def _summary(report: Report, gemm: list[Row], memory: list[Row], fused: list[Row
              f"range {_pct(large_pct[0][0]) if large_pct else '-'}-"
              f"{_pct(large_pct[-1][0]) if large_pct else '-'}.",
              ]
+    compiles = sorted((c.prepare_seconds, r.label) for r in report.rows for c in r.cells
+                      if c.runner == EINWELD.name and c.prepare_seconds is not None)
+    if compiles:
+        over = [label for t, label in compiles if t > SINGLE_OP_COMPILE_S]
+        lines.append(f"- einweld compile of one operator (the pipeline, its checks and the "
+                     f"build, in the runner's worker process): median "
+                     f"{statistics.median(t for t, _ in compiles):.1f} s, max "
+                     f"{compiles[-1][0]:.1f} s ({compiles[-1][1]}); {len(over)} of "
+                     f"{len(compiles)} over {SINGLE_OP_COMPILE_S:g} s (target <= "
+                     f"{SINGLE_OP_COMPILE_S:g} s)" + (f": {'; '.join(over[:6])}" if over else "")
+                     + ".")
     for r in fused:
         lines.append(f"- {r.label}: einweld vs onnxruntime {_ratio(_speedup(r))}.")
     slow = sorted((s, r.label) for r in gemm + memory if (s := _speedup(r)))[:6]

@@ -75,7 +75,11 @@ CASES = [  # x shape, w shape (IOHW), strides, padding (t, l, b, r), output padd
     ((1, 4, 6, 6), (4, 4, 3, 5), (3, 2), (2, 1, 0, 3), (2, 1), 2),  # per-axis, groups
     ((1, 5, 3, 3), (5, 7, 2, 2), (3, 3), (0, 0, 0, 0), (0, 0), 1),  # stride > kernel
     ((1, 4, 5, 5), (4, 1, 4, 4), (2, 2), (3, 3, 3, 3), (0, 0), 4),  # crops x, depthwise
-    ((1, 2, 1, 1), (2, 3, 4, 4), (2, 2), (0, 0, 0, 0), (0, 0), 1),  # 1x1 input
+    ((1, 2, 1, 1), (2, 3, 4, 4), (2, 2), (0, 0, 0, 0), (0, 0), 1),  # 1x1 input: a matmul
+    ((1, 100, 1, 1), (100, 64, 4, 4), (1, 1), (0, 0, 0, 0), (0, 0), 1),  # DCGAN's first
+    ((3, 5, 1, 1), (5, 7, 3, 3), (1, 1), (1, 0, 0, 1), (0, 0), 1),  # point, cropped, batch 3
+    ((1, 2, 1, 1), (2, 3, 4, 4), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # point, output padding
+    ((1, 4, 1, 1), (4, 3, 3, 3), (2, 2), (0, 0, 0, 0), (0, 0), 2),  # point, groups
     ((1, 3, 5, 4), (3, 2, 3, 3), (1, 2), (1, 0, 1, 0), (0, 1), 1),  # stride 1 on one axis
 ]
 
@@ -92,7 +96,10 @@ def test_phases_match_numpy_and_tvm(case, constant):
     rewritten = ConvTransposePhases(mod)
     assert "relax.nn.conv2d_transpose" not in ops_of(rewritten)
     convs = [op for op in ops_of(rewritten) if op == "relax.nn.conv2d"]
-    assert 0 < len(convs) <= strides[0] * strides[1]
+    if x_shape[2:] == (1, 1) and groups == 1 and output_padding == (0, 0):
+        assert not convs and "relax.matmul" in ops_of(rewritten)  # a point input
+    else:
+        assert 0 < len(convs) <= strides[0] * strides[1]
     args = (x,) if constant else (x, w)
     expected = reference(x, w, strides, padding, output_padding, groups)
     got = run(rewritten, *args)
@@ -159,3 +166,27 @@ def test_planted_fault_is_caught(monkeypatch):
     got = run(mod, x)
     assert not np.allclose(got, reference(x, w, strides, padding, output_padding, groups),
                            rtol=1e-4, atol=1e-4)
+
+
+def test_planted_fault_in_the_point_window_is_caught(monkeypatch):
+    """A point input's weight window taken at (left, top) instead of (top, left) has the
+    right shape and the wrong values: the numeric check must fail."""
+    real = ctp._point_window
+
+    def swapped(call):
+        window = real(call)
+        if window is None:
+            return None
+        n, c, f, top, left, oh, ow = window
+        return n, c, f, left, top, oh, ow
+
+    monkeypatch.setattr(ctp, "_point_window", swapped)
+    x_shape, w_shape, strides, padding, output_padding, groups = CASES[8]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(x_shape).astype("float32")
+    w = rng.standard_normal(w_shape).astype("float32")
+    mod = ConvTransposePhases(conv_transpose_module(x_shape, w_shape, strides, padding,
+                                                    output_padding, groups, weight=w))
+    assert "relax.matmul" in ops_of(mod)
+    assert not np.allclose(run(mod, x), reference(x, w, strides, padding, output_padding,
+                                                  groups), rtol=1e-4, atol=1e-4)

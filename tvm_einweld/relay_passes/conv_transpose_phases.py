@@ -1,4 +1,5 @@
-"""ConvTransposePhases: a strided transposed convolution as stride^2 stride-1 convolutions.
+"""ConvTransposePhases: a strided transposed convolution as stride^2 stride-1 convolutions,
+a transposed convolution of a point input as a matmul.
 
 What it rewrites
 ----------------
@@ -37,8 +38,17 @@ The numbers are summed in a different order only across taps of the same phase (
 rounding difference); tests compare with TVM's own conv2d_transpose and numpy on random
 inputs, and the einweld pipeline checks the whole module it returns.
 
+A point input (1 x 1 spatial, any stride: a GAN generator's first layer, 100 -> 512 x 4 x 4)
+is a matrix product instead. Lowered as a stride-1 convolution over the input padded by
+k - 1 - pad, all but one of every kh * kw taps meet padding (16x the useful multiply-adds for
+a 4 x 4 kernel). With one input position, out[Y] = sum over k with Y = k - pad_lo of x * w[k],
+i.e. out[n, f, y, x] = sum_c x[n, c, 0, 0] * w[c, f, y + top, x + left]: a matmul of the
+input [N, C] with the weight cropped to the output window and reshaped to [C, F * oh * ow]
+(folded at compile time for a constant weight), reshaped back to [N, F, oh, ow]. Only
+groups = 1 and no output padding (an output row past the kernel would receive no tap).
+
 Not rewritten (left as it is, still correct): dilation, other layouts, symbolic shapes,
-stride 1 (no zeros to skip).
+stride 1 with more than one input position (no zeros to skip).
 """
 from __future__ import annotations
 
@@ -170,9 +180,48 @@ def _phase(bb: relax.BlockBuilder, data: relax.Expr, weight: relax.Expr, conv: _
         out_dtype=conv.out_dtype))
 
 
+def _point_window(call: relax.Call) -> tuple | None:
+    """(N, C, F, top, left, oh, ow) when `call` is a conv2d_transpose of a point input that
+    the matmul form computes (see the module docstring), else None."""
+    if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d_transpose":
+        return None
+    a = call.attrs
+    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "IOHW",
+                                                                          "NCHW"):
+        return None
+    if any(int(d) != 1 for d in a.dilation) or int(a.groups) != 1 or \
+            any(int(p) != 0 for p in a.output_padding):
+        return None
+    data, weight = _static_shape(call.args[0]), _static_shape(call.args[1])
+    if data is None or weight is None or len(data) != 4 or tuple(data[2:]) != (1, 1):
+        return None
+    top, left, bottom, right = (int(p) for p in a.padding)
+    oh, ow = weight[2] - top - bottom, weight[3] - left - right
+    if oh <= 0 or ow <= 0:
+        return None
+    return data[0], data[1], weight[1], top, left, oh, ow
+
+
+def _rewrite_point(bb: relax.BlockBuilder, call: relax.Call, window: tuple) -> relax.Expr:
+    """out = reshape(x[N, C] @ w[:, :, top:top+oh, left:left+ow] as [C, F*oh*ow])."""
+    n, c, f, top, left, oh, ow = window
+    data, weight = call.args
+    x = bb.emit(relax.op.reshape(data, (n, c)))
+    w = weight
+    if (top, left, oh, ow) != (0, 0) + tuple(_static_shape(weight)[2:]):
+        w = bb.emit(relax.op.strided_slice(w, axes=[2, 3], begin=[top, left],
+                                           end=[top + oh, left + ow]))
+    w = bb.emit(relax.op.reshape(w, (c, f * oh * ow)))
+    y = bb.emit(relax.op.matmul(x, w, out_dtype=str(call.ty.dtype)))
+    return bb.emit(relax.op.reshape(y, (n, f, oh, ow)))
+
+
 def rewrite_call(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr | None:
-    """The phase form of `call` emitted into `bb` (its value), or None if `call` is not a
-    rewritable conv2d_transpose."""
+    """The phase form of `call` (or for a point input its matmul form) emitted into `bb`
+    (its value), or None if `call` is not a rewritable conv2d_transpose."""
+    window = _point_window(call)
+    if window is not None:
+        return _rewrite_point(bb, call, window)
     conv = _match(call)
     if conv is None:
         return None
@@ -213,7 +262,8 @@ class _Rewriter(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="ConvTransposePhases")
 def ConvTransposePhases(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # pylint: disable=invalid-name
     """Relax module pass: every strided NCHW conv2d_transpose becomes stride^2 stride-1
-    conv2d phases interleaved (see the module docstring); other calls are left unchanged."""
+    conv2d phases interleaved, one of a point input a matmul (see the module docstring);
+    other calls are left unchanged."""
     rewriter = _Rewriter(mod)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
