@@ -157,15 +157,8 @@ def test_planted_fault_is_caught(monkeypatch):
         return ctp.PhasePlan(plan.stride, plan.out_len, plan.length, phases)
 
     monkeypatch.setattr(ctp, "plan_dimension", shifted)
-    x_shape, w_shape, strides, padding, output_padding, groups = CASES[0]
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(x_shape).astype("float32")
-    w = rng.standard_normal(w_shape).astype("float32")
-    mod = ConvTransposePhases(conv_transpose_module(x_shape, w_shape, strides, padding,
-                                                    output_padding, groups, weight=w))
-    got = run(mod, x)
-    assert not np.allclose(got, reference(x, w, strides, padding, output_padding, groups),
-                           rtol=1e-4, atol=1e-4)
+    _, got, expected = _rewritten_run(CASES[0], seed=0)
+    assert not np.allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_planted_fault_in_the_point_window_is_caught(monkeypatch):
@@ -181,12 +174,18 @@ def test_planted_fault_in_the_point_window_is_caught(monkeypatch):
         return n, c, f, left, top, oh, ow
 
     monkeypatch.setattr(ctp, "_point_window", swapped)
-    x_shape, w_shape, strides, padding, output_padding, groups = CASES[8]
-    rng = np.random.default_rng(1)
+    mod, got, expected = _rewritten_run(CASES[8], seed=1)
+    assert "relax.matmul" in ops_of(mod)
+    assert not np.allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _rewritten_run(case, seed: int):
+    """`case` with constant weights through ConvTransposePhases: (the rewritten module, its
+    output, the numpy reference) on seeded random inputs."""
+    x_shape, w_shape, strides, padding, output_padding, groups = case
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal(x_shape).astype("float32")
     w = rng.standard_normal(w_shape).astype("float32")
     mod = ConvTransposePhases(conv_transpose_module(x_shape, w_shape, strides, padding,
                                                     output_padding, groups, weight=w))
-    assert "relax.matmul" in ops_of(mod)
-    assert not np.allclose(run(mod, x), reference(x, w, strides, padding, output_padding,
-                                                  groups), rtol=1e-4, atol=1e-4)
+    return mod, run(mod, x), reference(x, w, strides, padding, output_padding, groups)

@@ -76,6 +76,7 @@ def test_a_kernel_is_reused_only_for_an_equal_kernel(rng):
     mods, mods_again = first.attrs["external_mods"], again.attrs["external_mods"]
     assert len(mods) == len(mods_again) == len(kernels) >= 3
     assert all(m.same_as(n) for m, n in zip(mods, mods_again))
+    assert link_kernels([first], TARGET)[0] is first  # a linked module is not linked again
 
 
 def test_modules_it_cannot_link_are_left_to_relax_build():

@@ -62,16 +62,6 @@ def _links_kernels(target: tvm.target.Target) -> bool:
     return target.kind.name == "llvm" and "wasm" not in str(target.attrs.get("mtriple", ""))
 
 
-def _kernels(mod: tvm.IRModule) -> Dict[tvm.ir.GlobalVar, tirx.PrimFunc]:
-    """The PrimFuncs of `mod`, or {} when any of them is called by a symbol other than its
-    name (the VM code calls a kernel by its name)."""
-    prims = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    for gv, func in prims.items():
-        if str(func.attrs.get("global_symbol", "") if func.attrs else "") != gv.name_hint:
-            return {}
-    return prims
-
-
 # relax.build makes the executable's own library from the module's PrimFuncs; with none left
 # it links an empty C source module, and the VM's first load then exports and links the whole
 # executable with a C compiler (`Executable.jit`: 3.4 s on GCN). An empty function avoids it.
@@ -80,6 +70,19 @@ _STUB = "__tvm_einweld_linked"
 
 def _stub() -> tirx.PrimFunc:
     return tirx.PrimFunc([], tirx.Evaluate(0)).with_attr("global_symbol", _STUB)
+
+
+def _kernels(mod: tvm.IRModule) -> Dict[tvm.ir.GlobalVar, tirx.PrimFunc]:
+    """The PrimFuncs of `mod`, or {} when any of them is called by a symbol other than its
+    name (the VM code calls a kernel by its name) or the module is linked already (it holds
+    the stub)."""
+    if any(gv.name_hint == _STUB for gv in mod.get_global_vars()):
+        return {}
+    prims = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    for gv, func in prims.items():
+        if str(func.attrs.get("global_symbol", "") if func.attrs else "") != gv.name_hint:
+            return {}
+    return prims
 
 
 def _build_one(func: tirx.PrimFunc, name: str, target: tvm.target.Target
@@ -147,11 +150,8 @@ class PrebuiltKernels:
     """The last pass of a `relax_pipeline`: the module's kernels built by `link_kernels`
     (each once per process; a kernel a check or a timing built is linked, not rebuilt)."""
 
-    def __init__(self, target: Union[tvm.target.Target, None] = None) -> None:
-        self.target = target
-
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
-        target = self.target or tvm.target.Target.current()
+        target = tvm.target.Target.current()  # relax.build runs its pipeline under it
         return mod if target is None else link_kernels([mod], target)[0]
 
 

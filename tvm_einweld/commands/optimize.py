@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     instruments = [RewriteLog(args.log)] if args.log else []
     with tvm.transform.PassContext(instruments=instruments):
-        executable = tvm.compile(mod, target, relax_pipeline=tvm.transform.Sequential([stages, lowering()]))
+        executable = tvm.compile(mod, target,
+                                 relax_pipeline=tvm.transform.Sequential([stages, lowering()]))
     print(f"compiled in {time.perf_counter() - start:.1f} s\n")
     show_stages(stages)
     staged = None
