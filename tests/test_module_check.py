@@ -25,7 +25,7 @@ import pytest
 from tvm import relax
 
 from tvm_einweld.verify.module_check import (
-    LARGE_SCALE, check_module, checked, input_sets,
+    LARGE_SCALE, check_module, checked, checked_parts, input_sets,
 )
 
 RNG = np.random.default_rng(0)
@@ -96,6 +96,58 @@ def test_a_stage_wrong_only_at_large_magnitudes_is_caught_and_dropped():
         kept = checked("planted stage", given, wrong, "llvm", checks)
     assert kept is given
     assert not checks[0].equal and "large" in checks[0].evidence
+
+
+def _stage_of_parts(weight: np.ndarray, faulty: set, everywhere: bool = False):
+    """`make(skip)` of a planted stage of six parts "p0".."p5": its module adds 0.5 to the
+    activations per part of `faulty` not skipped (and once more always when `everywhere`),
+    so it equals the given module exactly when every faulty part is left out."""
+    def make(skip):
+        shift = 0.5 * (len(faulty - skip) + everywhere)
+        return _matmul_softmax(weight) if shift == 0 else _shifted(weight, shift)
+
+    return make, [f"p{i}" for i in range(6)]
+
+
+def _shifted(weight: np.ndarray, shift: float):
+    x = relax.Var("x", relax.TensorType((3, weight.shape[0]), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.add(x, relax.const(shift, "float32")))
+            y = bb.emit(relax.op.matmul(h, relax.const(weight)))
+            out = bb.emit_output(relax.op.nn.softmax(y, axis=-1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("faulty", [{"p1"}, {"p1", "p4"}, {"p0", "p5"}])
+def test_only_the_parts_at_fault_are_left_out(faulty):
+    """Planted faults in one or two of a stage's six parts: bisection finds exactly those,
+    and the module returned (every other part applied) agrees with the given one."""
+    weight = RNG.uniform(-1, 1, (8, 5)).astype("float32")
+    make, parts = _stage_of_parts(weight, faulty)
+    checks: list = []
+    with pytest.warns(UserWarning, match="left out the parts at fault"):
+        module, skipped = checked_parts("planted", _matmul_softmax(weight), make, parts,
+                                        "llvm", checks)
+    assert set(skipped) == faulty
+    assert checks[-1].equal and checks[-1].stage.startswith("planted (without")
+    assert check_module("result", _matmul_softmax(weight), module, "llvm").equal
+
+
+@pytest.mark.parametrize("everywhere,max_faults", [(True, 3), (False, 1)],
+                         ids=["not-in-a-part", "too-many"])
+def test_a_fault_no_part_explains_drops_the_whole_stage(everywhere, max_faults):
+    """A fault outside the parts (the stage disagrees even with every part left out), or
+    more parts at fault than allowed: the given module is returned."""
+    weight = RNG.uniform(-1, 1, (8, 5)).astype("float32")
+    given = _matmul_softmax(weight)
+    make, parts = _stage_of_parts(weight, {"p2", "p3"}, everywhere)
+    with pytest.warns(UserWarning, match="falling back to the module it was given"):
+        module, skipped = checked_parts("planted", given, make, parts, "llvm",
+                                        max_faults=max_faults)
+    assert module is given and set(skipped) == set(parts)
 
 
 def test_modules_compiled_together_compute_what_each_compiles_to_alone():

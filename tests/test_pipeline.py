@@ -115,6 +115,43 @@ def test_a_wrong_stage_is_found_and_dropped_when_the_final_check_fails(monkeypat
     np.testing.assert_allclose(run_vm(out, x), run_vm(mod, x), rtol=1e-4, atol=1e-4)
 
 
+def _zero_inits_to_one(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` with every float constant 0 stored as 1 (a reduction's init: each output off)."""
+    text = func.script()
+    assert "T.float32(0.0)" in text
+    return tvm.script.from_source(text.replace("T.float32(0.0)", "T.float32(1.0)"))
+
+
+def test_a_wrong_kernel_schedule_is_left_out_alone(monkeypatch, rng):
+    """Planted fault in one kernel: the analytic schedule of the GEMM rule starts its
+    reduction at 1 instead of 0 in one kernel. The final check catches it; the stages run
+    again, the analytic stage's kernels are bisected, that kernel alone is left to stock
+    lowering (named in a warning) and every other kernel keeps its schedule."""
+    from tvm_einweld.tir_passes.rules import cpu
+
+    real, planted_in = cpu.schedule_cpu, []
+
+    def planted(func, target, families=None):
+        result = real(func, target, families)
+        if result is None or result[0] != "gemm" or "matmul" not in str(func):
+            return result
+        planted_in.append(True)
+        return result[0], _zero_inits_to_one(result[1])
+
+    monkeypatch.setattr(cpu, "schedule_cpu", planted)
+    mod = builtin_model(channels=8, size=10)
+    x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
+    stages = tvm_einweld.EinweldOptimize("llvm", derive=False, fuse=False)
+    with pytest.warns(UserWarning, match=r"left out the parts at fault \(matmul"):
+        out = stages(mod)
+    assert planted_in
+    scheduled = stages.rules.scheduled
+    assert not any(name.startswith("matmul") for name in scheduled)
+    assert {"conv", "gemm"} <= set(scheduled.values())  # the other kernels keep theirs
+    assert stages.checks[-1].stage == "einweld pipeline" and stages.checks[-1].equal
+    np.testing.assert_allclose(run_vm(out, x), run_vm(mod, x), rtol=1e-4, atol=1e-4)
+
+
 def _planted_tuning(monkeypatch, module_of):
     """Replace the CPU tuning stage by one returning `module_of(untuned analytic module)` for
     each variant and a report that claims one tuned kernel in each (nothing is tuned: the

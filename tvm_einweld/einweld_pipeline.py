@@ -32,8 +32,10 @@ fused group, each tuned kernel), and the final module is run whole against the u
 (`verify.module_check`: compiled for the target, the module's own constants, random / constant /
 zero / large inputs). Only if that check fails are the stages run again with the module each
 returns checked whole against the one it was given: a stage whose module disagrees is dropped
-with a warning naming it, and the final check falls back to the user's module if the result
-still disagrees. (Checking every stage whole each time cost one build of the whole model per
+with a warning naming it (the analytic schedules, one per kernel, are bisected instead: only
+the kernels whose schedules make the module disagree go to stock lowering,
+`verify.module_check.checked_parts`), and the final check falls back to the user's module if
+the result still disagrees. (Checking every stage whole each time cost one build of the whole model per
 stage: 12 s each on GCN.) `EinweldOptimize` is stages 1–4 alone, for
 `tvm.transform.Sequential`; `checks` lists every whole-module check with its cost.
 """
@@ -53,7 +55,7 @@ from tvm import relax
 
 from .parallel_build import PrebuiltKernels
 from .tir_passes.measure import compare_modules
-from .verify.module_check import ModuleCheck, check_if_runnable, checked
+from .verify.module_check import ModuleCheck, check_if_runnable, checked, checked_parts
 
 # Tuned records are kept only when the whole tuned module is this much faster than the untuned
 # one in nearly every one of alternating rounds (a sign test, `tir_passes.measure.compare_modules`).
@@ -236,10 +238,21 @@ class EinweldOptimize:
         if target.kind.name == "llvm":
             with clock("analytic schedules" + label):
                 # Constant weights are packed into the kernels' layouts at compile time.
-                rules = ApplyCPURules(target)
-                scheduled = prepack_weights(target, scheduler=rules)(mod)
-                mod = checked("analytic CPU schedules", mod, scheduled, target, self.checks) \
-                    if check_stages else scheduled
+                made = {}
+
+                def schedule(skip=frozenset()):
+                    made[skip] = ApplyCPURules(target, skip=skip)
+                    return prepack_weights(target, scheduler=made[skip])(unscheduled)
+
+                mod = schedule()
+                rules = made[frozenset()]
+                if check_stages:
+                    # A kernel whose schedule makes the module disagree is left to stock
+                    # lowering; the other kernels keep theirs.
+                    mod, skipped = checked_parts("analytic CPU schedules", unscheduled,
+                                                 schedule, sorted(rules.scheduled), target,
+                                                 self.checks)
+                    rules = made[frozenset(skipped)] if skipped else rules
         return _Lowered(unscheduled, mod, fusion, rules)
 
     def _tune(self, variants: List["_Lowered"], target: tvm.target.Target) -> tvm.IRModule:

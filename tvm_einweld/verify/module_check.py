@@ -26,7 +26,7 @@ import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -318,6 +318,68 @@ def checked(stage: str, before, after, target, checks: Optional[list] = None, **
     return before
 
 
+def checked_parts(stage: str, before, make: Callable[[FrozenSet[str]], Any],
+                  parts: Sequence[str], target, checks: Optional[list] = None,
+                  max_faults: int = 3) -> Tuple[Any, Tuple[str, ...]]:
+    """(module, parts left out) for a stage made of independent parts (one schedule per
+    kernel, say): `make(skip)` is the stage's module with the parts in `skip` left out, and
+    `make(frozenset())` is used when it agrees with `before`. Otherwise the parts at fault are
+    found and only they are left out, instead of the whole stage:
+
+    1. `make(all parts)` is checked first: if even it disagrees, the fault is not in a part
+       and the stage is dropped (`before` is returned);
+    2. else a part at fault is found by bisection over the parts in order: the shortest prefix
+       whose parts, applied together with those already known good, make the module disagree
+       ends in a part at fault (the prefix before it agreed). It is left out, the parts before
+       it are known good, and the module with every other part is checked again; repeated up
+       to `max_faults` times (each costs about log2(len(parts)) + 1 checks), then the stage is
+       dropped.
+
+    The module returned has passed `check_if_runnable` against `before` (or is `before`), so a
+    part is never used unchecked: each part's fault need not be its own (errors of several
+    parts add up), but the result's agreement is checked, not inferred. Checks are appended
+    to `checks`; the kernels of the variants are built once each (`parallel_build` keeps
+    them), so a check after the first mostly links and runs."""
+    parts = list(parts)
+
+    def check(skip, label):
+        after = make(frozenset(skip))
+        result = check_if_runnable(label, before, after, target)
+        if checks is not None:
+            checks.append(result)
+        return after, result
+
+    after, result = check((), stage)
+    if result.equal:
+        return after, ()
+    _, alone = check(parts, f"{stage} (without any of its {len(parts)} parts)")
+    faults: List[str] = []
+    if alone.equal:
+        good, rest = [], parts
+        while not result.equal and rest and len(faults) < max_faults:
+            lo, hi = 0, len(rest) - 1  # the first part at fault is rest[lo..hi]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if check(faults + rest[mid + 1:], f"{stage} (bisecting)")[1].equal:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            faults.append(rest[lo])
+            good, rest = good + rest[:lo], rest[lo + 1:]
+            after, result = check(faults, f"{stage} (without {', '.join(faults)})")
+        if result.equal:
+            warnings.warn(f"{stage}: the module it returned disagrees with the module it was "
+                          f"given; left out the parts at fault ({', '.join(faults)}), kept "
+                          f"the other {len(parts) - len(faults)}", stacklevel=2)
+            return after, tuple(faults)
+    warnings.warn(f"{stage}: the module it returned disagrees with the module it was given "
+                  f"({result.evidence}); "
+                  + ("it disagrees without any of its parts too" if not alone.equal else
+                     f"more than {max_faults} of its parts at fault")
+                  + "; falling back to the module it was given", stacklevel=2)
+    return before, tuple(parts)
+
+
 __all__ = ["InputSet", "input_sets", "index_bounds", "signature", "CompiledModule", "compiled",
            "compile_all", "build_modules", "ModuleCheck",
-           "compare_compiled", "check_module", "checked", "LARGE_SCALE"]
+           "compare_compiled", "check_module", "checked", "checked_parts", "LARGE_SCALE"]

@@ -14,7 +14,7 @@ schedules compute what the function computes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
 import tvm
 from tvm import tirx
@@ -99,20 +99,24 @@ def _first_claim(func, target, families) -> Optional[Tuple[str, tirx.PrimFunc]]:
 
 @tvm.transform.module_pass(opt_level=0, name="ApplyCPURules")
 class ApplyCPURules:  # pylint: disable=too-few-public-methods
-    """IRModule pass: `schedule_cpu` on every PrimFunc (with `families`, default all). After a
-    run, `scheduled` maps each scheduled function's name to the rule that scheduled it."""
+    """IRModule pass: `schedule_cpu` on every PrimFunc (with `families`, default all) but
+    those named in `skip` (left to stock lowering: how the pipeline leaves out a kernel whose
+    schedule made the module disagree). After a run, `scheduled` maps each scheduled
+    function's name to the rule that scheduled it."""
 
     def __init__(self, target: Target | str | dict,
-                 families: Optional[Sequence[Tuple[str, Family]]] = None) -> None:
+                 families: Optional[Sequence[Tuple[str, Family]]] = None,
+                 skip: FrozenSet[str] = frozenset()) -> None:
         self.target = target if isinstance(target, Target) else Target(target)
         self.families = families
+        self.skip = frozenset(skip)
         self.scheduled: Dict[str, str] = {}
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
         self.scheduled = {}
         updates = {}
         for gvar, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc):
+            if not isinstance(func, tirx.PrimFunc) or gvar.name_hint in self.skip:
                 continue
             target = func.attrs.get("target", self.target) if func.attrs is not None \
                 else self.target
