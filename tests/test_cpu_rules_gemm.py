@@ -49,7 +49,7 @@ def run_func(func, *arrays, out_shape, dtype):
     (97, 89, 101, "float32", False),   # primes everywhere: pad I and J, K not split
     (5, 7, 3, "float32", False),       # K (and N) smaller than the vector lanes
     (1, 37, 53, "float32", True),      # M = 1 (dense GEMV), transposed weight
-    (45, 1, 70, "float32", False),     # N = 1 (matrix times column vector): operands swap
+    (45, 1, 70, "float32", False),     # N = 1 (matrix times column vector)
     (31, 17, 19, "float64", False),    # fp64: 8 lanes
     (64, 48, 640, "float32", True),    # exact tiles
 ])
@@ -388,16 +388,30 @@ def test_gelu_epilogue_reads_the_product_twice():
     np.testing.assert_allclose(compile_and_run(mod, x), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_matrix_vector_swaps_operands():
-    """N = 1 (a matrix times a column vector): the operands swap roles, the matrix rows go to
-    the vector lanes (the matrix is packed into panels), with a fused bias."""
+def test_matrix_vector_reads_a_computed_matrix_in_place():
+    """N = 1 with the matrix computed at run time (NeRF's density head): the matrix stays A,
+    read in place and broadcast against the vector padded to one register (swapped, it would
+    be packed at every call), K in order; with a fused bias, M odd."""
     x, w, bias = rand(301, 64), rand(64, 1), rand(1)
-    assert gemm.analyse(te_matmul(301, 1, 64))[2].a_read == 1
+    assert gemm.analyse(te_matmul(301, 1, 64))[2].a_read == 0
     mod = build([("x", (301, 64), "float32")], lambda bb, xv: bb.emit(relax.op.add(
         bb.emit(relax.op.matmul(xv, relax.const(w))), relax.const(bias))))
     kernels = [f for _, f in lowered(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
     assert all("tirx.is_scheduled" in f.attrs for f in kernels)
     np.testing.assert_allclose(compile_and_run(mod, x), x @ w + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_matrix_vector_swaps_operands_when_the_matrix_is_a_weight():
+    """N = 1 with a constant matrix (W . x): the operands swap roles, the matrix rows go to
+    the vector lanes and the matrix is packed into panels at compile time."""
+    w, x = rand(301, 64), rand(64, 1)
+    func = te_matmul(301, 1, 64).with_attr("layout_free_buffers", [0])
+    assert gemm.analyse(func)[2].a_read == 1
+    mod = build([("x", (64, 1), "float32")],
+                lambda bb, xv: bb.emit(relax.op.matmul(relax.const(w), xv)))
+    kernels = [f for _, f in lowered(mod).functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert all("tirx.is_scheduled" in f.attrs for f in kernels)
+    np.testing.assert_allclose(compile_and_run(mod, x), w @ x, rtol=1e-4, atol=1e-4)
 
 
 def test_fma_pipes_come_from_the_target_cpu():

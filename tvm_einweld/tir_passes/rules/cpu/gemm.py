@@ -84,6 +84,10 @@ DEFAULT_CACHES = {
     128: (32 * 1024, 256 * 1024),
 }
 
+# Cycles to copy one element of A into its zero-padded buffer (a load and a store, mostly
+# from beyond L2: measured ~0.55 on a Zen 3 for a 4 MiB operand).
+PAD_COPY_CYCLES = Fraction(1, 2)
+
 # Smallest K block worth splitting to: the accumulator tile is reloaded once per block.
 MIN_KC = 128
 
@@ -155,7 +159,11 @@ def choose_register_block(isa: VectorISA, dtype: str, m: int, n: int) -> Registe
     in the register file. The model charges padding (ceil(m/mr) * ceil(n/nr) blocks) times the
     cycles per k step of one block (`micro_cycles`); ties go to more accumulators.
     A block with a single B vector is only considered when N fits in one vector: with one B
-    vector every FMA waits on its own broadcast of A (measured 2x slower than the model)."""
+    vector every FMA waits on its own broadcast of A (measured 2x slower than the model).
+    An mr that does not divide m costs a zero-padded copy of A (`PAD_COPY_CYCLES` per element
+    and k step): nothing next to the blocks of a wide N, but with N in one vector the
+    micro-kernel itself costs about as much per element of A (NeRF's 4096x256 . 256x1: 14
+    rows and a copy of A, or 8 rows and none)."""
     lanes = isa.lanes(dtype)
     min_vectors = 1 if n <= lanes else 2
     best = None
@@ -166,7 +174,8 @@ def choose_register_block(isa: VectorISA, dtype: str, m: int, n: int) -> Registe
             if (vectors - 1) * lanes >= n:  # a whole vector of padding: never useful
                 break
             blocks = math.ceil(m / mr) * math.ceil(n / (vectors * lanes))
-            key = (blocks * micro_cycles(isa, mr, vectors), -mr * vectors)
+            copy = m * PAD_COPY_CYCLES if m % mr else 0
+            key = (blocks * micro_cycles(isa, mr, vectors) + copy, -mr * vectors)
             if best is None or key < best[0]:
                 best = (key, RegisterBlock(mr, vectors, lanes))
     assert best is not None
@@ -359,14 +368,20 @@ class GemmMaps:
     b: tirx.IndexMap
     c: tirx.IndexMap
     a_read: int
+    has_i: bool = True  # False: A is a vector (M = 1)
 
 
-def _classify(block: s_tir.SBlock, a_vars: set, b_vars: set, c_vars: set) -> dict | None:
-    """{block var: IterTrait} for the einsum form with A = `a_vars`' operand, or None."""
+def _classify(block: s_tir.SBlock, a_vars: set, b_vars: set, c_vars: set,
+              unit_j: bool = False) -> dict | None:
+    """{block var: IterTrait} for the einsum form with A = `a_vars`' operand, or None. With
+    `unit_j`, an extent-1 axis of B and C alone is J (kept: N = 1 as a real axis)."""
     traits = {}
     for iv in block.iter_vars:
         var, extent = iv.var, iv.dom.extent
-        if _static(extent) == 1:
+        if unit_j and _static(extent) == 1 and iv.iter_type == tirx.IterVar.DataPar and \
+                var in b_vars and var in c_vars and var not in a_vars:
+            kind = IterKind.kIter_J
+        elif _static(extent) == 1:
             kind = IterKind.kIter_T
         elif iv.iter_type == tirx.IterVar.DataPar:
             where = (var in a_vars, var in b_vars, var in c_vars)
@@ -393,11 +408,23 @@ def _innermost_kind(region, traits: dict) -> IterKind | None:
     return None
 
 
+def _read_along_k(block: s_tir.SBlock, region) -> bool:
+    """True when the last dimension of `region` that moves is indexed by reduction axes."""
+    moving = {iv.var for iv in block.iter_vars if _static(iv.dom.extent) != 1}
+    reduce = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    for rng in reversed(list(region.region)):
+        used = _used_vars(rng.min) & moving
+        if used:
+            return used <= reduce
+    return False
+
+
 def _used_vars(expr) -> set:
     return set(tirx.analysis.undefined_vars(expr))
 
 
-def gemm_index_maps(block: s_tir.SBlock, a_read: int | None = None) -> GemmMaps | None:
+def gemm_index_maps(block: s_tir.SBlock, a_read: int | None = None, unit_j: bool = False
+                    ) -> GemmMaps | None:
     """Index maps normalising `block` to C[S,I,J] += A[S,I,K] * B[S,J,K], or None.
 
     Like dlight's `get_index_map`, with extensions: an absent I axis is allowed (M = 1: a row
@@ -405,7 +432,8 @@ def gemm_index_maps(block: s_tir.SBlock, a_read: int | None = None) -> GemmMaps 
     (C^T = B^T A^T), which is the only form when J is absent (N = 1: a matrix times a column
     vector) and the preferred one when it makes A contiguous along K. K must exist;
     extent-1 axes are dropped. `a_read` forces the orientation (the block after reindexing
-    keeps the one chosen on the original accesses)."""
+    keeps the one chosen on the original accesses); `unit_j` takes an extent-1 axis of B and
+    C as J (N = 1 without the swap: see `analyse`)."""
     if len(block.reads) != 2 or len(block.writes) != 1:
         return None
     used = _access_vars([block.reads[0], block.reads[1], block.writes[0]])
@@ -414,7 +442,7 @@ def gemm_index_maps(block: s_tir.SBlock, a_read: int | None = None) -> GemmMaps 
     S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
     valid = []
     for candidate in (0, 1) if a_read is None else (a_read,):
-        traits = _classify(block, used[candidate], used[1 - candidate], used[2])
+        traits = _classify(block, used[candidate], used[1 - candidate], used[2], unit_j)
         if traits is not None and {J, K} <= {t.kind for t in traits.values()}:
             valid.append((candidate, traits))
     if not valid:
@@ -436,6 +464,7 @@ def gemm_index_maps(block: s_tir.SBlock, a_read: int | None = None) -> GemmMaps 
         b=make_iter_fusion_index_map(of(b_vars), [S, J, K]),
         c=make_iter_fusion_index_map(of(c_vars), [S, I, J]),
         a_read=a_read,
+        has_i=any(t.kind == I for t in traits.values()),
     )
 
 
@@ -528,15 +557,17 @@ def _param_index_of(func: tirx.PrimFunc, buffer: tirx.Buffer) -> int | None:
     return None
 
 
+def _is_layout_free(func: tirx.PrimFunc, buffer: tirx.Buffer) -> bool:
+    """True when `buffer` is a parameter listed in `layout_free_buffers` (a weight)."""
+    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
+    return bool(free) and _param_index_of(func, buffer) in {int(i) for i in free}
+
+
 def _reads_only_layout_free(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
                             func: tirx.PrimFunc) -> bool:
     """True when every buffer `block` reads is a parameter listed in `layout_free_buffers`."""
-    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
-    if not free:
-        return False
-    free = {int(i) for i in free}
     reads = sch.get(block).reads
-    return bool(reads) and all(_param_index_of(func, r.source) in free for r in reads)
+    return bool(reads) and all(_is_layout_free(func, r.source) for r in reads)
 
 
 # ------------------------------------------------------------------------------ the rule
@@ -607,6 +638,13 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
         return None
     if any(_static(iv.dom.extent) is None for iv in stmt.iter_vars):
         return None
+    if not maps.has_i and not _is_layout_free(func, stmt.reads[1 - maps.a_read].source) and \
+            _read_along_k(stmt, stmt.reads[1 - maps.a_read]):
+        # A vector times a matrix computed at run time and read along K (NeRF's 4096x256 .
+        # 256x1): as B the matrix would be packed into panels at every call, a transposed
+        # copy of the whole matrix. As A it is read in place, each element broadcast once
+        # against the vector padded to one register (measured 3x faster); K stays in order.
+        maps = gemm_index_maps(stmt, 1 - maps.a_read, unit_j=True) or maps
     dtype = str(stmt.writes[0].source.dtype)
     if not dtype.startswith("float"):
         return None
@@ -618,7 +656,7 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
     reindex_a = sch.reindex(main, ("read", maps.a_read))
     reindex_b = sch.reindex(main, ("read", 1 - maps.a_read))
     reindex_c = sch.reindex(main, ("write", 0))
-    maps = gemm_index_maps(sch.get(main), maps.a_read)
+    maps = gemm_index_maps(sch.get(main), maps.a_read, unit_j=True)
     block_map, a_map, b_map, c_map = maps.block, maps.a, maps.b, maps.c
     sch.transform_layout(reindex_a, ("write", 0), a_map)
     sch.transform_layout(reindex_b, ("write", 0), b_map)
