@@ -295,6 +295,16 @@ def test_register_block_fits_and_hides_latency():
                 assert blk.mr * blk.vectors >= isa.fma_units * isa.fma_latency
 
 
+def test_a_narrow_product_avoids_copying_a_for_padding():
+    """With N in one vector the micro-kernel costs about as much per element of A as a
+    padding copy of A would: M = 4096 takes a row block dividing it; a prime M (no block
+    divides it) still gets a block of several rows."""
+    isa = VectorISA(256, 16, True)
+    assert 4096 % gemm.choose_register_block(isa, "float32", 4096, 1).mr == 0
+    assert 4096 % gemm.choose_register_block(isa, "float32", 4096, 3).mr == 0
+    assert gemm.choose_register_block(isa, "float32", 4099, 1).mr > 4
+
+
 def test_tiles_respect_caches_and_divide_k():
     caches = gemm.CacheSizes(l1=32 * 1024, l2=1024 * 1024)
     blk = gemm.RegisterBlock(8, 2, 16)
