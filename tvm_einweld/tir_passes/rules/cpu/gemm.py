@@ -9,7 +9,9 @@ I = axes of A and C; J = axes of B and C; K = reduced axes of A and B). Several 
 are fused into one, so broadcast batches (an axis only A and C have) simply join I, and a
 transposed B (`linear`, `permute_dims` + matmul) is just a different access order of B.
 M = 1 keeps I empty; N = 1 (a matrix times a column vector) swaps the operands, C^T = B^T A^T,
-so the matrix rows fill the vector lanes. A dot product (M = N = 1) is not matched.
+so the matrix rows fill the vector lanes, when the matrix is a weight (packed at compile
+time); a matrix computed at run time stays A, read in place, against the vector padded to one
+register (`analyse`). A dot product (M = N = 1) is not matched.
 All other blocks must be spatial: producers are inlined, consumers (bias add, relu, clip,
 residual add, ...) are inlined into the write-back of the output tile. Shapes must be static.
 
