@@ -355,7 +355,7 @@ def checked_parts(stage: str, before, make: Callable[[FrozenSet[str]], Any],
     _, alone = check(parts, f"{stage} (without any of its {len(parts)} parts)")
     faults: List[str] = []
     if alone.equal:
-        good, rest = [], parts
+        rest = parts  # the parts before `rest` not in `faults` are known good together
         while not result.equal and rest and len(faults) < max_faults:
             lo, hi = 0, len(rest) - 1  # the first part at fault is rest[lo..hi]
             while lo < hi:
@@ -365,7 +365,7 @@ def checked_parts(stage: str, before, make: Callable[[FrozenSet[str]], Any],
                 else:
                     hi = mid
             faults.append(rest[lo])
-            good, rest = good + rest[:lo], rest[lo + 1:]
+            rest = rest[lo + 1:]
             after, result = check(faults, f"{stage} (without {', '.join(faults)})")
         if result.equal:
             warnings.warn(f"{stage}: the module it returned disagrees with the module it was "
@@ -375,7 +375,7 @@ def checked_parts(stage: str, before, make: Callable[[FrozenSet[str]], Any],
     warnings.warn(f"{stage}: the module it returned disagrees with the module it was given "
                   f"({result.evidence}); "
                   + ("it disagrees without any of its parts too" if not alone.equal else
-                     f"more than {max_faults} of its parts at fault")
+                     f"no {max_faults} of its parts left out make it agree")
                   + "; falling back to the module it was given", stacklevel=2)
     return before, tuple(parts)
 
