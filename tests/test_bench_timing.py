@@ -64,6 +64,13 @@ def test_calls_per_sample_scales_to_target() -> None:
     assert calls_per_sample(slow, 0.05, clock=clock) == 1
 
 
+def test_a_slow_first_call_does_not_shorten_the_rounds() -> None:
+    """The call after a pause is slow (cold caches, sleeping threads): 7 ms, then 1 ms."""
+    clock = FakeClock()
+    cold = make_runner("x", [], clock, [0.007] + [0.001] * 999)
+    assert calls_per_sample(cold, 0.25, clock=clock) == 250
+
+
 def test_invalid_arguments_are_rejected() -> None:
     with pytest.raises(ValueError):
         time_alternating({"a": lambda: None}, repeats=0)
