@@ -35,8 +35,8 @@ returns checked whole against the one it was given: a stage whose module disagre
 with a warning naming it (the analytic schedules, one per kernel, are bisected instead: only
 the kernels whose schedules make the module disagree go to stock lowering,
 `verify.module_check.checked_parts`), and the final check falls back to the user's module if
-the result still disagrees. (Checking every stage whole each time cost one build of the whole model per
-stage: 12 s each on GCN.) `EinweldOptimize` is stages 1–4 alone, for
+the result still disagrees. (Checking every stage whole each time cost one build of the whole
+model per stage: 12 s each on GCN.) `EinweldOptimize` is stages 1–4 alone, for
 `tvm.transform.Sequential`; `checks` lists every whole-module check with its cost.
 """
 from __future__ import annotations
@@ -238,21 +238,23 @@ class EinweldOptimize:
         if target.kind.name == "llvm":
             with clock("analytic schedules" + label):
                 # Constant weights are packed into the kernels' layouts at compile time.
-                made = {}
+                made = {}  # kernels left out -> (the rules pass, its module), each made once
 
                 def schedule(skip=frozenset()):
-                    made[skip] = ApplyCPURules(target, skip=skip)
-                    return prepack_weights(target, scheduler=made[skip])(unscheduled)
+                    if skip not in made:
+                        rules = ApplyCPURules(target, skip=skip)
+                        made[skip] = rules, prepack_weights(target, scheduler=rules)(unscheduled)
+                    return made[skip][1]
 
                 mod = schedule()
-                rules = made[frozenset()]
+                rules = made[frozenset()][0]
                 if check_stages:
                     # A kernel whose schedule makes the module disagree is left to stock
                     # lowering; the other kernels keep theirs.
                     mod, skipped = checked_parts("analytic CPU schedules", unscheduled,
                                                  schedule, sorted(rules.scheduled), target,
                                                  self.checks)
-                    rules = made[frozenset(skipped)] if skipped else rules
+                    rules = made[frozenset(skipped)][0]
         return _Lowered(unscheduled, mod, fusion, rules)
 
     def _tune(self, variants: List["_Lowered"], target: tvm.target.Target) -> tvm.IRModule:

@@ -124,7 +124,9 @@ class _Conv:
     cols: PhasePlan
 
 
-def _match(call: relax.Call) -> _Conv | None:
+def _static_conv_transpose(call: relax.Call) -> tuple | None:
+    """(attrs, data shape, weight shape) when `call` is an NCHW / IOHW conv2d_transpose without
+    dilation on static 4-D shapes (what both rewrites need), else None."""
     if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d_transpose":
         return None
     a = call.attrs
@@ -133,11 +135,19 @@ def _match(call: relax.Call) -> _Conv | None:
         return None
     if any(int(d) != 1 for d in a.dilation):
         return None
-    strides = [int(s) for s in a.strides]
-    if strides[0] * strides[1] == 1:
-        return None
     data, weight = _static_shape(call.args[0]), _static_shape(call.args[1])
     if data is None or weight is None or len(data) != 4 or len(weight) != 4:
+        return None
+    return a, data, weight
+
+
+def _match(call: relax.Call) -> _Conv | None:
+    found = _static_conv_transpose(call)
+    if found is None:
+        return None
+    a, data, weight = found
+    strides = [int(s) for s in a.strides]
+    if strides[0] * strides[1] == 1:
         return None
     top, left, bottom, right = (int(p) for p in a.padding)
     out_pad = [int(p) for p in a.output_padding]
@@ -183,17 +193,12 @@ def _phase(bb: relax.BlockBuilder, data: relax.Expr, weight: relax.Expr, conv: _
 def _point_window(call: relax.Call) -> tuple | None:
     """(N, C, F, top, left, oh, ow) when `call` is a conv2d_transpose of a point input that
     the matmul form computes (see the module docstring), else None."""
-    if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.conv2d_transpose":
+    found = _static_conv_transpose(call)
+    if found is None:
         return None
-    a = call.attrs
-    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "IOHW",
-                                                                          "NCHW"):
-        return None
-    if any(int(d) != 1 for d in a.dilation) or int(a.groups) != 1 or \
-            any(int(p) != 0 for p in a.output_padding):
-        return None
-    data, weight = _static_shape(call.args[0]), _static_shape(call.args[1])
-    if data is None or weight is None or len(data) != 4 or tuple(data[2:]) != (1, 1):
+    a, data, weight = found
+    if int(a.groups) != 1 or any(int(p) != 0 for p in a.output_padding) or \
+            tuple(data[2:]) != (1, 1):
         return None
     top, left, bottom, right = (int(p) for p in a.padding)
     oh, ow = weight[2] - top - bottom, weight[3] - left - right
