@@ -347,3 +347,45 @@ def test_eoperator_schedule_computes_bit_for_bit_what_the_function_did(kind):
         lib["main"](*args)
         results.append(args[-1].numpy())
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_a_partitioned_eoperator_followed_by_an_element_wise_op():
+    """Regression (CI, session 17): an eOperator whose vector loop is cut by loop_partition
+    (a shift: the first chunk reads the zero padding) defined its block variables once per
+    piece, and FuseOps put it into one function with the ReLU after it, which the rules then
+    refused as ill-formed. The scheduled eOperator must stay a kernel of its own (the ReLU gets
+    its own schedule), and the module must compute the shift and ReLU."""
+    from tvm import s_tir, tirx
+    from tvm_einweld.tir_passes.rules import is_scheduled
+    from tvm_einweld.tir_passes.rules.cpu.apply import prepack_weights
+    from tvm_einweld.tir_passes.rules.cpu.memory_bound import schedule_eoperator
+
+    rows, cols = 37, 45
+    a = te.placeholder((tirx.IntImm("int64", rows), tirx.IntImm("int64", cols)), name="a")
+    shift = te.compute(a.shape, lambda i, j: tirx.if_then_else(
+        j >= 1, a[i, j - 1], tirx.const(0.0, "float32")), name="shift")
+    func = schedule_eoperator(te.create_prim_func([a, shift]), TARGET)
+    assert "_partition" in func.script()  # the case at issue: the vector loop was cut
+    with pytest.raises(tvm.error.InternalError, match="multiple definitions"):
+        s_tir.Schedule(func)  # why it must not be scheduled again (see `scheduled_kernel`)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gvar = bb.add_func(func.with_attr("global_symbol", "shift"), "shift")
+            y = bb.emit(relax.call_tir(gvar, [x], relax.TensorType((rows, cols), "float32")))
+            out = bb.emit_output(R.nn.relu(y))
+        bb.emit_func_output(out)
+    prepared = prepare()(bb.get())
+    kernels = {g.name_hint: f for g, f in prepared.functions_items()
+               if isinstance(f, tirx.PrimFunc)}
+    assert set(kernels) == {"shift", "relu"} and is_scheduled(kernels["shift"])
+    rules = ApplyCPURules(TARGET)
+    with TARGET:
+        built = prepack_weights(TARGET, scheduler=rules)(prepared)
+    assert list(rules.scheduled.values()) == ["injective"]  # the ReLU (renamed on the way)
+    data = RNG.standard_normal((rows, cols)).astype("float32")
+    expect = np.maximum(np.pad(data, [(0, 0), (1, 0)])[:, :cols], 0)
+    np.testing.assert_array_equal(compile_vm(built, TARGET)(data), expect)
+

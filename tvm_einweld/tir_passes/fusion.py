@@ -29,7 +29,7 @@ from .codegen import Unsupported, block_sub_tiles, group_prim_func, schedule_gro
 from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, cpu_device, device_for_target
 from .localize import LocalizeError
-from .rules import is_scheduled, mark_scheduled
+from .rules import is_scheduled, scheduled_kernel
 from .measure import CheckResult, check_group, time_alone, time_alone_all, time_kernel
 from .scheduler import (Candidate, GraphPlan, estimated_seconds, graph_connecting,
                         subgraph_tiling)
@@ -152,7 +152,7 @@ class KernelFactory:
         try:
             planned = self._planned_bytes(sub, config) if self.check_plan else None
             func = schedule_group(merged, config.tile, self.device, planned, sub_tiles)
-            return mark_scheduled(func).with_attr("op_pattern", 8)
+            return scheduled_kernel(func)
         except (Unsupported, LocalizeError) as err:
             logger.info("group %s tile %s sub-tiles %s not generated: %s", sorted(sub.names),
                         config.tile, sub_tiles, err)

@@ -27,3 +27,19 @@ def is_scheduled(func_or_mod: tirx.PrimFunc | tvm.IRModule) -> bool:
 def mark_scheduled(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` with the scheduled mark."""
     return func.with_attr(SCHEDULED_ATTR, True)
+
+
+# Relax's OpPatternKind.kOpaque: FuseOps never puts such a function into a group.
+OPAQUE_PATTERN = 8
+
+
+def scheduled_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` marked scheduled and opaque to FuseOps, for a kernel scheduled before the Relax
+    module around it is fused (an eOperator, a tile group's kernel). Fused with a neighbour it
+    would lose its mark inside a new function that the rules would schedule afresh, over loops
+    that are no longer a block's axes in order (an IndexError in the injective rule), or that
+    no Schedule accepts at all: TVM 0.27's loop_partition gives each piece a copy of the block
+    with the same iteration variables, a function that lowers but that `s_tir.Schedule`
+    refuses as ill-formed ("multiple definitions of variable")."""
+    return mark_scheduled(func).with_attr("op_pattern", OPAQUE_PATTERN)
+

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .. import is_scheduled, mark_scheduled
+from .. import is_scheduled, mark_scheduled, scheduled_kernel
 from .fast_math import rewrite_fast_math
 from .injective import (DATA_PAR, CpuParams, block_bytes, cpu_params, is_gemm_like,
                         loops_match_iters, schedule_injective, schedule_spatial_block)
@@ -80,9 +80,9 @@ def schedule_eoperator(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
                 parallel_rows(sch, block, params)
             else:
                 schedule_spatial_block(sch, block, params)
-    # Marked like every rule's output: later passes (ApplyCPURules, TileGraphFusion, tuning)
-    # leave it as it is; a Schedule over a loop_partition'd function would not even be valid.
-    return mark_scheduled(sch.mod["main"])
+    # Marked like every rule's output (later passes leave it as it is) and opaque to FuseOps:
+    # it is scheduled before the module around it is fused (`scheduled_kernel`).
+    return scheduled_kernel(sch.mod["main"])
 
 
 def parallel_rows(sch: s_tir.Schedule, block, params: CpuParams) -> None:
