@@ -9,7 +9,8 @@ import pytest
 
 from tvm_einweld import machine as machine_mod
 from tvm_einweld.bench.check import compare_outputs
-from tvm_einweld.bench.harness import FAILED, OK, SKIPPED, WRONG, TimingPlan, benchmark_model
+from tvm_einweld.bench.harness import (FAILED, OK, REFERENCE, SKIPPED, WRONG, TimingPlan,
+                                       benchmark_model)
 from tvm_einweld.bench.roofline import graph_cost
 from tvm_einweld.bench.runners import (ONNXRUNTIME, TVM_TUNED, TVM_TUNED_NO_PREPACK, Runner,
                                        _prepare_onnxruntime, reference_outputs)
@@ -78,6 +79,9 @@ def test_wrong_failed_and_skipped_runners_are_reported_not_timed(tmp_path) -> No
     assert by_name["crash"].detail == "RuntimeError: codegen exploded"
     assert by_name["absent"].status == SKIPPED and by_name["absent"].detail == "not installed: x"
     assert result.latency("good") > 0 and result.latency("crash") is None
+    # The machine's reference loop ran in the same rounds (and is not a runner).
+    assert len(result.reference.samples) == 3 and result.reference.median > 0
+    assert all(r.runner != REFERENCE for r in result.results)
 
 
 def test_a_failed_runner_has_its_stand_in_timed_in_its_place(tmp_path, monkeypatch) -> None:

@@ -30,7 +30,8 @@ def _suite() -> report.SuiteResult:
     models = (
         ModelResult("alpha", 1, cost, (_ok("base", 0.010), _ok("fast", 0.005),
                                        RunnerResult("odd", WRONG, "max |err| 3")),
-                    load_before=0.25, load_after=0.5),
+                    load_before=0.25, load_after=0.5,
+                    reference=Timing("machine", (0.001, 0.0012, 0.001), 200)),
         ModelResult("beta", 1, cost, (_ok("base", 0.020), _ok("fast", 0.080),
                                       RunnerResult("odd", FAILED, "RuntimeError: boom"))),
     )
@@ -57,8 +58,11 @@ def test_spread_settings_load_and_reduced_precision_error() -> None:
     models = (suite.models[0], ModelResult("beta", 1, None, (_ok("base", 0.020), noisy)))
     suite = dataclasses.replace(suite, models=models)
     spread = report.spread_table(suite)
-    assert "| alpha | 1 | 0.25 → 0.50 | 0.0% (3×10) | 0.0% (3×10) | – |" in spread
-    assert "| beta | 1 | ? → ? | 0.0% (3×10) | 40.0% ⚠ (3×7) | – |" in spread
+    # The machine's reference loop first: its 20 % says alpha's rounds ran on a noisy machine.
+    assert "| model | batch | load before → after | machine | base | fast | odd |" in spread
+    assert "| alpha | 1 | 0.25 → 0.50 | 20.0% ⚠ (3×200) | 0.0% (3×10) | 0.0% (3×10) | – |" \
+        in spread
+    assert "| beta | 1 | ? → ? | – | 0.0% (3×10) | 40.0% ⚠ (3×7) | – |" in spread
     # A runner off by more than fp32 rounding shows its error beside its latency.
     assert "| beta | 1 | 20 (1.00×) | 5 (4.00×) err 7.0e-03 | – |" in report.latency_table(suite)
     assert report.settings_lines(suite) == [

@@ -28,9 +28,11 @@ from .check import compare_outputs
 from .isolation import InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line
 from .roofline import GraphCost, graph_cost
 from .runners import RUNNERS, Runner, reference_outputs
-from .timing import Timing, alternate_rounds
+from .timing import Timing, alternate_rounds, calls_per_sample, local_sampler, reference_work
 
 OK, WRONG, FAILED, SKIPPED = "ok", "wrong", "failed", "skipped"
+# The name of the machine's reference loop among the samplers (`timing.reference_work`).
+REFERENCE = "machine (reference loop)"
 
 Handle = Union[WorkerProcess, InProcessRunner]
 
@@ -67,6 +69,8 @@ class ModelResult:
     load_before: Optional[float] = None  # 1-minute load average before preparing
     load_after: Optional[float] = None  # ... and after the timing
     code: Optional[str] = None  # tvm_einweld's `code_version()` that measured the row
+    # The machine's reference loop, timed in the same rounds (`timing.reference_work`).
+    reference: Optional[Timing] = None
 
     def result(self, runner: str) -> Optional[RunnerResult]:
         return next((r for r in self.results if r.runner == runner), None)
@@ -133,8 +137,10 @@ def _prepare_and_check(runner: Runner, handle: Handle, model_bytes: bytes, trial
 def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], expected,
                       plan: TimingPlan, log: Callable[[str], None]
                       ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]]]:
-    """Alternating rounds over the checked runners, then one more output check each.
-    Returns the timings and, per runner that went wrong on the way, (status, detail)."""
+    """Alternating rounds over the checked runners and the machine's reference loop (in this
+    process, idle while the workers run; under `REFERENCE`), then one more output check of
+    each runner. Returns the timings and, per runner that went wrong on the way, (status,
+    detail)."""
     problems: dict[str, tuple[str, str]] = {}
     numbers = {}
     for name, handle in handles.items():
@@ -143,11 +149,14 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
         except Exception as err:
             problems[name] = (FAILED, f"calibrating: {_detail(err)}")
     samplers = {name: handles[name].sample for name in numbers}
+    if samplers:
+        samplers[REFERENCE] = local_sampler(reference_work)
+        numbers[REFERENCE] = calls_per_sample(reference_work, plan.min_sample_seconds)
     timings = alternate_rounds(
         samplers, plan.repeats, plan.warmup, numbers,
         on_error=lambda name, err: problems.setdefault(name, (FAILED,
                                                               f"timing: {_detail(err)}")))
-    for name in list(timings):
+    for name in [n for n in timings if n != REFERENCE]:
         tolerance = runners[name].tolerance
         try:
             agreement = compare_outputs(handles[name].outputs(), expected, tolerance.rtol,
@@ -217,10 +226,11 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
         log(f"  {name} b{batch}: timing {', '.join(handles) or 'nothing'} "
             f"({plan.repeats} alternating rounds)")
         timings, problems = _time_and_recheck(handles, by_name, expected, plan, log)
+    reference = timings.pop(REFERENCE, None)
     results = []
     for r in checked:
         status, detail = problems.get(r.runner, (r.status, r.detail))
         results.append(RunnerResult(r.runner, status, detail, r.prepare_seconds,
                                     timings.get(r.runner), r.settings, r.pid, r.error))
     return ModelResult(name, batch, cost, tuple(results), tuple(stand_ins), load_before,
-                       load_average(), code_version())
+                       load_average(), code_version(), reference)

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from .check import RTOL
 from .harness import OK, SKIPPED, ModelResult
+from .timing import Timing
 from ..machine import MachineInfo
 
 # A runner's rounds agreeing within this are a trustworthy median on an idle machine.
@@ -113,20 +114,23 @@ def _load(value: Optional[float]) -> str:
 
 
 def spread_table(suite: SuiteResult) -> str:
-    """Per runner: spread of its round medians, rounds x calls per round; ⚠ over target."""
+    """Per runner and for the machine's reference loop: spread of its round medians, rounds x
+    calls per round; ⚠ over target."""
     runners = columns(suite)
-    head = ["model", "batch", "load before → after", *runners]
+    head = ["model", "batch", "load before → after", "machine", *runners]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(t: Optional[Timing]) -> str:
+        if t is None:
+            return "–"
+        flag = " ⚠" if t.spread > SPREAD_TARGET else ""
+        return f"{t.spread:.1%}{flag} ({len(t.samples)}×{t.calls_per_round})"
+
     for m in suite.models:
-        cells = []
+        cells = [cell(m.reference)]
         for name in runners:
             r = m.result(name)
-            t = r.timing if r else None
-            if t is None:
-                cells.append("–")
-                continue
-            flag = " ⚠" if t.spread > SPREAD_TARGET else ""
-            cells.append(f"{t.spread:.1%}{flag} ({len(t.samples)}×{t.calls_per_round})")
+            cells.append(cell(r.timing if r else None))
         lines.append("| " + " | ".join([m.model, str(m.batch),
                                         f"{_load(m.load_before)} → {_load(m.load_after)}",
                                         *cells]) + " |")
@@ -213,7 +217,10 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
         "## Timing spread",
         "",
         f"Per runner: (max − min) / median of its round medians (target ≤ "
-        f"{SPREAD_TARGET:.0%} on an idle machine; ⚠ above), then rounds × calls per round.",
+        f"{SPREAD_TARGET:.0%} on an idle machine; ⚠ above), then rounds × calls per round. "
+        "machine: the same for a fixed single-threaded Python loop timed in the same rounds "
+        "(`bench.timing.reference_work`): where it is over the target too, the machine "
+        "gave the processes uneven CPU during the row, whatever the runtime.",
         "",
         spread_table(suite),
         "",
@@ -279,23 +286,24 @@ def from_json(text: str) -> SuiteResult:
     """The SuiteResult `to_json` wrote (its derived fields, median and spread, recomputed)."""
     from .harness import RunnerResult
     from .roofline import GraphCost
-    from .timing import Timing
 
     data = json.loads(text)
 
     def runner(r: dict) -> RunnerResult:
-        timing = r.get("timing")
         return RunnerResult(
             r["runner"], r["status"], r["detail"], r.get("prepare_seconds"),
-            Timing(timing["name"], tuple(timing["samples"]), timing["calls_per_round"])
-            if timing else None,
+            timing_of(r.get("timing")),
             tuple(tuple(kv) for kv in r.get("settings", ())), r.get("pid"), r.get("error"))
+
+    def timing_of(t: Optional[dict]) -> Optional[Timing]:
+        return Timing(t["name"], tuple(t["samples"]), t["calls_per_round"]) if t else None
 
     def model(m: dict) -> ModelResult:
         return ModelResult(m["model"], m["batch"], GraphCost(**m["cost"]) if m["cost"] else None,
                            tuple(runner(r) for r in m["results"]),
                            tuple(tuple(s) for s in m.get("stand_ins", ())),
-                           m.get("load_before"), m.get("load_after"), m.get("code"))
+                           m.get("load_before"), m.get("load_after"), m.get("code"),
+                           timing_of(m.get("reference")))
 
     return SuiteResult(
         data["command"], data["started_utc"], data["wall_seconds"], MachineInfo(**data["machine"]),

@@ -11,6 +11,12 @@ worker processes (`isolation`), and any benchmark can use it for calls in its ow
 - A runner's latency is the median of its round values; their spread (max - min) / median
   says how far the rounds agreed.
 
+The machine's own noise is timed alongside (`reference_work`, in the parent process, in the
+same rotation): a fixed single-threaded loop whose time changes only when the machine gives
+the process less CPU. On a shared VM its round medians differ by up to ~40 % while most agree
+within 1 %, and a runner's spread over the target next to a reference spread over it is the
+machine's, not the runtime's.
+
 A runner is given as a `Sampler`: `sampler(n)` makes n timed calls and returns the seconds of
 each. `local_sampler(fn)` makes one from a zero-argument call in this process; a worker
 process runs the same `local_sampler` on its side and answers over a pipe.
@@ -60,6 +66,16 @@ def local_sampler(call: Callable[[], object],
         return seconds
 
     return sample
+
+
+def reference_work(iterations: int = 20_000) -> int:
+    """A fixed computation for the machine's noise (about 1 ms): pure Python, one thread, no
+    memory traffic beyond the first-level cache, so nothing but the CPU it gets can change its
+    time (no thread pool, no library, no frequency-sensitive memory system)."""
+    total = 0
+    for i in range(iterations):
+        total += i * i
+    return total
 
 
 def alternate_rounds(samplers: Mapping[str, Sampler], repeats: int = 7, warmup: int = 1,
