@@ -349,26 +349,24 @@ def test_eoperator_schedule_computes_bit_for_bit_what_the_function_did(kind):
     np.testing.assert_array_equal(results[0], results[1])
 
 
-def test_a_partitioned_eoperator_followed_by_an_element_wise_op():
-    """Regression (CI, session 17): an eOperator whose vector loop is cut by loop_partition
-    (a shift: the first chunk reads the zero padding) defined its block variables once per
-    piece, and FuseOps put it into one function with the ReLU after it, which the rules then
-    refused as ill-formed. The scheduled eOperator must stay a kernel of its own (the ReLU gets
-    its own schedule), and the module must compute the shift and ReLU."""
-    from tvm import s_tir, tirx
-    from tvm_einweld.tir_passes.rules import is_scheduled
-    from tvm_einweld.tir_passes.rules.cpu.apply import prepack_weights
+def _shift_then_relu(opaque: bool, reparsed: bool = False, scale: bool = False):
+    """(Relax module: a shift eOperator 37x45 (with `scale`: times 2 instead) then a ReLU, its
+    scheduled eOperator, expected output on `data`, data). `opaque=False`: the eOperator without its FuseOps mark, as the
+    derivation emitted it before session 18; `reparsed`: printed and parsed again, which
+    gives each loop_partition piece variables of its own (a well-formed function)."""
+    from tvm import tirx
     from tvm_einweld.tir_passes.rules.cpu.memory_bound import schedule_eoperator
 
     rows, cols = 37, 45
     a = te.placeholder((tirx.IntImm("int64", rows), tirx.IntImm("int64", cols)), name="a")
-    shift = te.compute(a.shape, lambda i, j: tirx.if_then_else(
-        j >= 1, a[i, j - 1], tirx.const(0.0, "float32")), name="shift")
+    shift = te.compute(a.shape, (lambda i, j: a[i, j] * 2.0) if scale else (
+        lambda i, j: tirx.if_then_else(j >= 1, a[i, j - 1], tirx.const(0.0, "float32"))),
+        name="shift")
     func = schedule_eoperator(te.create_prim_func([a, shift]), TARGET)
-    assert "_partition" in func.script()  # the case at issue: the vector loop was cut
-    with pytest.raises(tvm.error.InternalError, match="multiple definitions"):
-        s_tir.Schedule(func)  # why it must not be scheduled again (see `scheduled_kernel`)
-
+    if not opaque:
+        func = func.without_attr("op_pattern")
+    if reparsed:
+        func = tvm.script.from_source(func.script())
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((rows, cols), "float32"))
     with bb.function("main", [x]):
@@ -377,15 +375,53 @@ def test_a_partitioned_eoperator_followed_by_an_element_wise_op():
             y = bb.emit(relax.call_tir(gvar, [x], relax.TensorType((rows, cols), "float32")))
             out = bb.emit_output(R.nn.relu(y))
         bb.emit_func_output(out)
-    prepared = prepare()(bb.get())
-    kernels = {g.name_hint: f for g, f in prepared.functions_items()
-               if isinstance(f, tirx.PrimFunc)}
+    data = RNG.standard_normal((rows, cols)).astype("float32")
+    expect = np.maximum(data * 2 if scale else np.pad(data, [(0, 0), (1, 0)])[:, :cols], 0)
+    return bb.get(), func, expect, data
+
+
+def _prepared_kernels(mod):
+    from tvm import tirx
+
+    return {g.name_hint: f for g, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+
+
+def test_a_partitioned_eoperator_followed_by_an_element_wise_op():
+    """Regression (CI, session 17): an eOperator whose vector loop is cut by loop_partition
+    (a shift: the first chunk reads the zero padding) defined its block variables once per
+    piece, and FuseOps put it into one function with the ReLU after it, which the rules then
+    refused as ill-formed. The scheduled eOperator must stay a kernel of its own (the ReLU gets
+    its own schedule), and the module must compute the shift and ReLU."""
+    from tvm import s_tir
+    from tvm_einweld.tir_passes.rules import is_scheduled
+    from tvm_einweld.tir_passes.rules.cpu.apply import prepack_weights
+
+    mod, func, expect, data = _shift_then_relu(opaque=True)
+    assert "_partition" in func.script()  # the case at issue: the vector loop was cut
+    with pytest.raises(tvm.error.InternalError, match="multiple definitions"):
+        s_tir.Schedule(func)  # why it must not be scheduled again (see `scheduled_kernel`)
+    prepared = prepare()(mod)
+    kernels = _prepared_kernels(prepared)
     assert set(kernels) == {"shift", "relu"} and is_scheduled(kernels["shift"])
     rules = ApplyCPURules(TARGET)
     with TARGET:
         built = prepack_weights(TARGET, scheduler=rules)(prepared)
     assert list(rules.scheduled.values()) == ["injective"]  # the ReLU (renamed on the way)
-    data = RNG.standard_normal((rows, cols)).astype("float32")
-    expect = np.maximum(np.pad(data, [(0, 0), (1, 0)])[:, :cols], 0)
     np.testing.assert_array_equal(compile_vm(built, TARGET)(data), expect)
 
+
+@pytest.mark.parametrize("reparsed", [False, True], ids=["ill-formed", "well-formed"])
+def test_a_fused_function_holding_a_scheduled_kernel_is_left_to_tvm(reparsed):
+    """Planted: the eOperator without its FuseOps mark is fused with the ReLU (what CI hit).
+    The fused function is one `s_tir.Schedule` refuses (ill-formed) or one whose scheduled
+    part has scope blocks that are no computation (well-formed, a scaling eOperator: the
+    injective rule raised IndexError on it); the rules must leave it to TVM's lowering, without an exception, and
+    the module must still compute the shift and ReLU."""
+    mod, _func, expect, data = _shift_then_relu(opaque=False, reparsed=reparsed,
+                                                scale=reparsed)
+    prepared = prepare()(mod)
+    assert any(name.startswith("fused") for name in _prepared_kernels(prepared))
+    rules = ApplyCPURules(TARGET)
+    scheduled = rules(prepared)
+    assert not any(name.startswith("fused") for name in rules.scheduled)
+    np.testing.assert_array_equal(compile_vm(scheduled, TARGET)(data), expect)

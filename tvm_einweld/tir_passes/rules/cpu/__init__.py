@@ -7,7 +7,8 @@ the injective / reduction / fast_math modules it uses); compile-time weight pack
 
 `CPU_RULE_FAMILIES` is the table of rule families, tried in order on every PrimFunc that is not
 yet scheduled: the first that returns a function gives it (marked `tirx.is_scheduled`); a
-function no family claims is left as it is (stock lowering then handles it), so the pass
+function no family claims, or that TVM refuses as a Schedule's input, is left as it is (stock
+lowering then handles it), so the pass
 composes with TileGraphFusion, dlight and MetaSchedule. Each family's module argues why its
 schedules compute what the function computes.
 """
@@ -17,7 +18,7 @@ from collections import OrderedDict
 from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.target import Target
 from tvm_ffi import structural_equal, structural_hash
 
@@ -89,7 +90,21 @@ def schedule_cpu(func: tirx.PrimFunc, target: Target,
     return result
 
 
+def _schedulable(func: tirx.PrimFunc) -> bool:
+    """Whether `s_tir.Schedule` accepts `func`. One it refuses as ill-formed (a function that
+    holds a kernel scheduled before it was fused, whose loop_partition pieces define a block's
+    variables twice: see `rules.scheduled_kernel`) is one no rule can schedule; it is left to
+    TVM's lowering, which accepts it."""
+    try:
+        s_tir.Schedule(func)
+        return True
+    except tvm.error.InternalError:  # TVM 0.27's error for an ill-formed function
+        return False
+
+
 def _first_claim(func, target, families) -> Optional[Tuple[str, tirx.PrimFunc]]:
+    if not _schedulable(func):
+        return None
     for _family, rule in families:
         result = rule(func, target)
         if result is not None:

@@ -509,6 +509,8 @@ def schedule_injective(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
             return None
         for rv in blocks:
             block = sch.get(rv)
+            if not block.writes:
+                return None  # a scope block: part of the function was scheduled already
             if is_gemm_like(block) or is_row_reduction(block):
                 return None
             if not loops_match_iters(sch, rv):
