@@ -351,9 +351,10 @@ def test_eoperator_schedule_computes_bit_for_bit_what_the_function_did(kind):
 
 def _shift_then_relu(opaque: bool, reparsed: bool = False, scale: bool = False):
     """(Relax module: a shift eOperator 37x45 (with `scale`: times 2 instead) then a ReLU, its
-    scheduled eOperator, expected output on `data`, data). `opaque=False`: the eOperator without its FuseOps mark, as the
-    derivation emitted it before session 18; `reparsed`: printed and parsed again, which
-    gives each loop_partition piece variables of its own (a well-formed function)."""
+    scheduled eOperator, expected output on `data`, data). `opaque=False`: the eOperator
+    without its FuseOps mark, as the derivation emitted it before session 18; `reparsed`:
+    printed and parsed again, which gives each loop_partition piece variables of its own (a
+    well-formed function)."""
     from tvm import tirx
     from tvm_einweld.tir_passes.rules.cpu.memory_bound import schedule_eoperator
 
@@ -415,8 +416,8 @@ def test_a_fused_function_holding_a_scheduled_kernel_is_left_to_tvm(reparsed):
     """Planted: the eOperator without its FuseOps mark is fused with the ReLU (what CI hit).
     The fused function is one `s_tir.Schedule` refuses (ill-formed) or one whose scheduled
     part has scope blocks that are no computation (well-formed, a scaling eOperator: the
-    injective rule raised IndexError on it); the rules must leave it to TVM's lowering, without an exception, and
-    the module must still compute the shift and ReLU."""
+    injective rule raised IndexError on it); the rules must leave it to TVM's lowering,
+    without an exception, and the module must still compute the shift and ReLU."""
     mod, _func, expect, data = _shift_then_relu(opaque=False, reparsed=reparsed,
                                                 scale=reparsed)
     prepared = prepare()(mod)

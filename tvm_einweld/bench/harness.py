@@ -136,11 +136,11 @@ def _prepare_and_check(runner: Runner, handle: Handle, model_bytes: bytes, trial
 
 def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], expected,
                       plan: TimingPlan, log: Callable[[str], None]
-                      ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]]]:
+                      ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]], Optional[Timing]]:
     """Alternating rounds over the checked runners and the machine's reference loop (in this
-    process, idle while the workers run; under `REFERENCE`), then one more output check of
-    each runner. Returns the timings and, per runner that went wrong on the way, (status,
-    detail)."""
+    process, idle while the workers run), then one more output check of each runner.
+    Returns the runners' timings, per runner that went wrong on the way (status, detail),
+    and the reference loop's timing (None when no runner was timed)."""
     problems: dict[str, tuple[str, str]] = {}
     numbers = {}
     for name, handle in handles.items():
@@ -156,7 +156,8 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
         samplers, plan.repeats, plan.warmup, numbers,
         on_error=lambda name, err: problems.setdefault(name, (FAILED,
                                                               f"timing: {_detail(err)}")))
-    for name in [n for n in timings if n != REFERENCE]:
+    reference = timings.pop(REFERENCE, None)
+    for name in list(timings):
         tolerance = runners[name].tolerance
         try:
             agreement = compare_outputs(handles[name].outputs(), expected, tolerance.rtol,
@@ -169,7 +170,7 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
     for name, (status, detail) in problems.items():
         timings.pop(name, None)
         log(f"  {name} {status}: {detail}")
-    return timings, problems
+    return timings, problems, reference
 
 
 def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequence[Runner],
@@ -225,8 +226,8 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
                     pending.insert(0, RUNNERS[runner.stand_in])
         log(f"  {name} b{batch}: timing {', '.join(handles) or 'nothing'} "
             f"({plan.repeats} alternating rounds)")
-        timings, problems = _time_and_recheck(handles, by_name, expected, plan, log)
-    reference = timings.pop(REFERENCE, None)
+        timings, problems, reference = _time_and_recheck(handles, by_name, expected, plan,
+                                                         log)
     results = []
     for r in checked:
         status, detail = problems.get(r.runner, (r.status, r.detail))

@@ -289,14 +289,14 @@ def from_json(text: str) -> SuiteResult:
 
     data = json.loads(text)
 
+    def timing_of(t: Optional[dict]) -> Optional[Timing]:
+        return Timing(t["name"], tuple(t["samples"]), t["calls_per_round"]) if t else None
+
     def runner(r: dict) -> RunnerResult:
         return RunnerResult(
             r["runner"], r["status"], r["detail"], r.get("prepare_seconds"),
             timing_of(r.get("timing")),
             tuple(tuple(kv) for kv in r.get("settings", ())), r.get("pid"), r.get("error"))
-
-    def timing_of(t: Optional[dict]) -> Optional[Timing]:
-        return Timing(t["name"], tuple(t["samples"]), t["calls_per_round"]) if t else None
 
     def model(m: dict) -> ModelResult:
         return ModelResult(m["model"], m["batch"], GraphCost(**m["cost"]) if m["cost"] else None,

@@ -13,9 +13,9 @@ worker processes (`isolation`), and any benchmark can use it for calls in its ow
 
 The machine's own noise is timed alongside (`reference_work`, in the parent process, in the
 same rotation): a fixed single-threaded loop whose time changes only when the machine gives
-the process less CPU. On a shared VM its round medians differ by up to ~40 % while most agree
-within 1 %, and a runner's spread over the target next to a reference spread over it is the
-machine's, not the runtime's.
+the process less CPU. On a shared VM its round medians can differ by tens of percent (up to
+92 % in a zoo row) while most agree within a few, and a runner's spread over the target next
+to a reference spread over it is the machine's, not the runtime's.
 
 A runner is given as a `Sampler`: `sampler(n)` makes n timed calls and returns the seconds of
 each. `local_sampler(fn)` makes one from a zero-argument call in this process; a worker

@@ -42,4 +42,3 @@ def scheduled_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc:
     with the same iteration variables, a function that lowers but that `s_tir.Schedule`
     refuses as ill-formed ("multiple definitions of variable")."""
     return mark_scheduled(func).with_attr("op_pattern", OPAQUE_PATTERN)
-

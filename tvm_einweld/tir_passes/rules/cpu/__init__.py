@@ -8,9 +8,8 @@ the injective / reduction / fast_math modules it uses); compile-time weight pack
 `CPU_RULE_FAMILIES` is the table of rule families, tried in order on every PrimFunc that is not
 yet scheduled: the first that returns a function gives it (marked `tirx.is_scheduled`); a
 function no family claims, or that TVM refuses as a Schedule's input, is left as it is (stock
-lowering then handles it), so the pass
-composes with TileGraphFusion, dlight and MetaSchedule. Each family's module argues why its
-schedules compute what the function computes.
+lowering then handles it), so the pass composes with TileGraphFusion, dlight and MetaSchedule.
+Each family's module argues why its schedules compute what the function computes.
 """
 from __future__ import annotations
 
