@@ -86,6 +86,10 @@ CASES = {
     # 88 = 8 x 11 channels on a 28-wide map: no two-vector channel block divides 88 and no
     # whole-vector row block divides 28 (this once left the rule with no block at all).
     "3x3_88_channels": ((1, 8, 28, 28), (88, 8, 3, 3), dict(padding=1)),
+    # 128 channels x a 3x3 window: the reduction needs more than L1, so the block is chosen
+    # for its L2 traffic (with 32 KiB of L1 and AVX2: one weight vector x 7 positions).
+    "dilated_streams_from_l2": ((1, 128, 14, 14), (32, 128, 3, 3), dict(padding=2,
+                                                                           dilation=2)),
 }
 
 
@@ -171,6 +175,51 @@ def test_register_block_is_exact_and_fits():
     assert seven.channels_in_lanes and seven.vectors == 1 and seven.broadcasts == 7
     wide = conv.choose_conv_block(zen1, conv.ConvShape(1, 256, 14, 14, "float32", shared[:9]))
     assert wide.vectors >= 2  # enough accumulators with two weight vectors: kept
+
+
+def _window_of(x_shape, w_shape, **attrs):
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    w = relax.Var("w", relax.TensorType(w_shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, **attrs))
+        bb.emit_func_output(out)
+    (func,) = [f for _, f in relax.transform.LegalizeOps()(bb.get()).functions_items()
+               if isinstance(f, tirx.PrimFunc)]
+    sch = tvm.s_tir.Schedule(func)
+    return conv._match(sch, conv.gemm.find_gemm_block(sch))[2].window
+
+
+def test_the_window_is_read_off_the_data_index():
+    """Kernel extents, strides and dilations per axis (rows, columns) and the input channels
+    per group, from the legalised function itself."""
+    window = _window_of((1, 12, 20, 30), (8, 6, 3, 5), strides=(1, 2), dilation=(3, 1),
+                        padding=2, groups=2)
+    assert window == conv.ConvWindow(channels=6, kernel=(3, 5), stride=(1, 2), dilation=(3, 1))
+
+
+def test_blocks_that_stream_from_l2_are_costed_by_their_lines():
+    """Where the reduction of a block needs more than L1 its lines come from L2: a dilated 3x3
+    window read by 2 x 2 positions spans 6 input rows, by a row of 7 positions only 3, and per
+    FMA the row block streams fewer bytes. Within L1 nothing is charged."""
+    caches = conv.gemm.CacheSizes(l1=32 * 1024, l2=512 * 1024)
+    window = conv.ConvWindow(512, (3, 3), (1, 1), (2, 2))
+    shape = conv.ConvShape(1, 512, 14, 14, "float32", tuple(conv._divisors(512)), window)
+    square, row = conv.ConvBlock(16, 2, 2, 8, True), conv.ConvBlock(8, 1, 7, 8, True)
+    per_fma = lambda blk: conv.streamed_cycles(blk, shape, caches) / (
+        blk.broadcasts * blk.vectors)
+    assert per_fma(square) > per_fma(row) > 0
+    small = conv.ConvShape(1, 512, 14, 14, "float32", shape.rows_share_data,
+                           conv.ConvWindow(8, (3, 3), (1, 1), (2, 2)))
+    assert conv.streamed_cycles(square, small, caches) == 0
+    assert conv.streamed_cycles(square, shape, None) == 0  # no cache sizes: no term
+    # The choice on a Zen 3 core (two 256-bit FMA pipes, 16 registers): one weight vector and
+    # a row of positions, as measured (8 x 1 x 7: 132 GFLOP/s, 16 x 2 x 2: 113).
+    zen3 = VectorISA(256, 16, True, fma_units=2, fma_latency=4)
+    chosen = conv.choose_conv_block(zen3, shape, caches)
+    assert chosen.channels_in_lanes and chosen.vectors == 1 and chosen.yb == 1
+    assert conv.choose_conv_block(zen3, shape).vectors == 2  # the register model alone
 
 
 @pytest.mark.parametrize("isa", [VectorISA(128, 16, False), VectorISA(256, 16, True),

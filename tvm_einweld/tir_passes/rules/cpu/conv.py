@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import tvm
 from tvm import ir, s_tir, tirx
@@ -68,6 +69,14 @@ from .isa import vector_isa
 # Register-block rows along the output height are unrolled code; beyond this the unrolled
 # body gets long without adding accumulators the register file could hold anyway.
 MAX_Y_BLOCK = 8
+
+# Sustained bytes per cycle one core reads from L2 into L1 while it also computes. Zen 2-4
+# and Intel cores since Haswell fill at most 32-64 B/cycle from L2; about half of that is
+# sustained: a copy of L2-resident data on this project's Zen 3 moved 96 GB/s per core (read
+# plus write) at about 3.2 GHz, 15 B/cycle read. The lower figure keeps the model honest on
+# every core of the class.
+L2_BYTES_PER_CYCLE = 16
+CACHE_LINE = 64
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,18 @@ class ConvBlock:
 
 
 @dataclass(frozen=True)
+class ConvWindow:
+    """What one output reads: `channels` input channels (per group) x a `kernel` window of
+    input rows / columns, `stride` and `dilation` apart (the coefficients of the output and
+    kernel positions in the data's row and column index)."""
+
+    channels: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+
+
+@dataclass(frozen=True)
 class ConvShape:
     batch: int
     channels: int      # F, output channels
@@ -106,6 +127,7 @@ class ConvShape:
     width: int         # output width
     dtype: str
     rows_share_data: tuple[int, ...]  # the mr (divisors of F) whose rows read the same data
+    window: ConvWindow | None = None  # None: no cache-traffic term in the block choice
 
     @property
     def depthwise(self) -> bool:
@@ -118,12 +140,16 @@ def _divisors(value: int) -> list[int]:
     return [d for d in range(1, value + 1) if value % d == 0]
 
 
-def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
-    """Minimise blocks x gemm.micro_cycles over exact (mr | F, yb | H, xb | W) blocks that fit
-    the register file, in each orientation; a block that wastes lanes (xb < lanes) pays for a
-    whole vector. Ties go to more accumulators. xb is at most one vector or a whole number of
-    vectors: LLVM turns a longer odd-width vector (<56 x float>) into scalar code (measured
-    10-20x slower). The orientation is then chosen by lane fill (see below)."""
+def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = None
+                      ) -> ConvBlock:
+    """Minimise blocks x cycles per reduction step over exact (mr | F, yb | H, xb | W) blocks
+    that fit the register file, in each orientation; a block that wastes lanes (xb < lanes)
+    pays for a whole vector. Ties go to more accumulators. xb is at most one vector or a whole
+    number of vectors: LLVM turns a longer odd-width vector (<56 x float>) into scalar code
+    (measured 10-20x slower). The orientation is then chosen by lane fill (see below).
+    Cycles per step are `gemm.micro_cycles`, or, where the block's reduction does not fit L1
+    (`caches`, with `shape.window` known), the time its weight and input lines take to come
+    from L2 if that is longer (`streamed_cycles`)."""
     lanes = isa.lanes(shape.dtype)
     candidates = []
     mrs = [d for d in shape.rows_share_data if d <= isa.registers]
@@ -156,9 +182,15 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
             unit = _unit(isa, blk, shape.dtype)
             if not gemm.fits_registers(unit, blk.broadcasts, blk.vectors):
                 continue
+            if blk.vectors == 1 and blk.broadcasts + 1 + gemm.LOAD_PORTS > unit.registers:
+                # One weight vector: every FMA takes its own broadcast, and with fewer free
+                # registers than loads per cycle the broadcasts cannot run ahead of the FMAs
+                # (8 ch x 14 positions, 16 of 16 registers: 55 GFLOP/s; 8 x 7: 93).
+                continue
             count = (shape.channels // blk.mr) * (shape.height // blk.yb) * (shape.width // blk.xb)
-            key = (count * gemm.micro_cycles(unit, blk.broadcasts, blk.vectors),
-                   -blk.broadcasts * blk.vectors)
+            cycles = max(gemm.micro_cycles(unit, blk.broadcasts, blk.vectors),
+                         streamed_cycles(blk, shape, caches))
+            key = (count * cycles, -blk.broadcasts * blk.vectors)
             if best is None or key < best[0]:
                 best = (key, blk)
         return best
@@ -174,10 +206,14 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
     # 7x7 map with 16 registers two weight vectors allow one position (512 ch on Zen 1: 32 ch
     # x 1 position 46 GFLOP/s, 8 ch x 7 positions 72-78); where they allow enough (256 ch at
     # 14x14: 16 ch x 2 x 2), they measured faster than one vector (78 vs 66).
+    # Likewise where the best of them waits on L2 (`streamed_cycles` above its register
+    # time): a block of one weight vector and more positions reads fewer lines per FMA
+    # (512 ch at 14x14, dilation 2: 8 ch x 1 x 7 positions 132 GFLOP/s, 16 ch x 2 x 2 113).
     min_mr = 2 * lanes if shape.channels >= 2 * lanes else lanes
     channels = best_of([b for b in candidates if b.channels_in_lanes and b.mr >= min_mr])
     if channels is None or \
-            channels[1].broadcasts * channels[1].vectors < isa.fma_units * isa.fma_latency:
+            channels[1].broadcasts * channels[1].vectors < isa.fma_units * isa.fma_latency or \
+            _waits_on_l2(isa, channels[1], shape, caches):
         channels = best_of([b for b in candidates if b.channels_in_lanes])
     row_blocks = [b for b in candidates if not b.channels_in_lanes]
     whole = [b for b in row_blocks if isa.masked or b.xb % b.lanes == 0]
@@ -193,6 +229,46 @@ def choose_conv_block(isa, shape: ConvShape) -> ConvBlock:
     best = channels if channels is not None and row_fill < 0.5 else rows
     assert best is not None  # mr = yb = xb = 1 always fits
     return best[1]
+
+
+def streamed_cycles(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes | None
+                    ) -> Fraction:
+    """Cycles per reduction step to bring the block's operands from L2, 0 where they stay in
+    L1. Per input channel the block reads kh * kw * mr packed weights and the input lines of
+    its window: the distinct rows y * sy + kh * dy times the lines of each row's span of
+    columns (per column phase when strided, as the copy stores them). When the whole
+    reduction (every channel) needs more than L1, each tile streams all of it from L2.
+    A 2x2-position block of a 3x3 conv with dilation 2 reads 6 rows where a 1x7 block reads
+    3: at 512 channels on 14x14 that block measured 113 vs 132 GFLOP/s (Zen 3), which the
+    register model alone ranks the other way."""
+    window = shape.window
+    if window is None or caches is None:
+        return Fraction(0)
+    size = tvm.runtime.DataType(shape.dtype).bits // 8
+    (kh, kw), (sy, sx), (dy, dx) = window.kernel, window.stride, window.dilation
+    rows = len({y * sy + r * dy for y in range(block.yb) for r in range(kh)})
+    phases: dict[int, list[int]] = {}
+    for x in range(block.xb):
+        for c in range(kw):
+            column = x * sx + c * dx
+            phases.setdefault(column % sx, []).append(column // sx)
+    # A run of n elements at an element-aligned start covers (n - 1) * size / line + 1 lines
+    # on average.
+    lines = sum(Fraction((max(cols) - min(cols)) * size, CACHE_LINE) + 1
+                for cols in phases.values())
+    per_channel = kh * kw * block.mr * size + rows * lines * CACHE_LINE
+    total = window.channels * per_channel
+    if total <= caches.l1:
+        return Fraction(0)
+    missed = 1 - Fraction(caches.l1) / total
+    return missed * per_channel / (kh * kw * L2_BYTES_PER_CYCLE)
+
+
+def _waits_on_l2(isa, block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes | None
+                 ) -> bool:
+    unit = _unit(isa, block, shape.dtype)
+    return streamed_cycles(block, shape, caches) > \
+        gemm.micro_cycles(unit, block.broadcasts, block.vectors)
 
 
 def _unit(isa, block: ConvBlock, dtype: str):
@@ -268,7 +344,32 @@ def _match(sch: s_tir.Schedule, block) -> tuple[int, int, ConvShape] | None:
         return None
     data_index = [r.min for r in stmt.reads[roles["data"]].region]
     shared = tuple(mr for mr in _divisors(f) if _rows_share(data_index, f_var, f, mr))
-    return roles["data"], roles["weight"], ConvShape(n, f, h, w, dtype, shared)
+    window = _window(data_index, spatial, reduce)
+    return roles["data"], roles["weight"], ConvShape(n, f, h, w, dtype, shared, window)
+
+
+def _window(data_index, spatial, reduce) -> ConvWindow | None:
+    """The input window of one output, read off the data's last two indices (rows, columns):
+    one reduced iterator in each (the kernel row / column, their coefficients the dilation),
+    the output row / column coefficients the stride; the other reduced iterators are the input
+    channels. None for any other form (the block choice then goes without it)."""
+    if len(data_index) < 2:
+        return None
+    row, col = data_index[-2], data_index[-1]
+    kernel, dilation, channels = [], [], 1
+    for index in (row, col):
+        used = [iv for iv in reduce if iv.var in _vars(index)]
+        if len(used) != 1:
+            return None
+        kernel.append(int(used[0].dom.extent))
+        dilation.append(_coefficient(index, used[0].var))
+    for iv in reduce:
+        if not any(iv.var in _vars(i) for i in (row, col)):
+            channels *= int(iv.dom.extent)
+    stride = (_coefficient(row, spatial[2].var), _coefficient(col, spatial[3].var))
+    if min(*stride, *dilation) < 1:
+        return None
+    return ConvWindow(channels, tuple(kernel), stride, tuple(dilation))
 
 
 def _rows_share(indices, f_var, channels: int, mr: int) -> bool:
@@ -284,19 +385,24 @@ def _rows_share(indices, f_var, channels: int, mr: int) -> bool:
     return all(r not in _vars(analyzer.simplify(i)) for i in indices)
 
 
-def _column_stride(index, x_var) -> int:
-    """The coefficient of the output column `x_var` in the data's last index (the stride):
-    the index at x = 1 minus the index at x = 0, every other variable at 0."""
+def _coefficient(index, var) -> int:
+    """The coefficient of `var` in `index`: the index at var = 1 minus the index at var = 0,
+    every other variable at 0; 0 where that does not simplify to constants."""
     values = []
     for x in (0, 1):
         analyzer = Analyzer()
-        for var in _vars(index):
-            analyzer.bind(var, tirx.const(x if var.same_as(x_var) else 0, str(var.ty.dtype)))
+        for v in _vars(index):
+            analyzer.bind(v, tirx.const(x if v.same_as(var) else 0, str(v.ty.dtype)))
         value = analyzer.simplify(index)
         if not isinstance(value, tirx.IntImm):
-            return 1
+            return 0
         values.append(int(value))
-    return max(1, values[1] - values[0])
+    return values[1] - values[0]
+
+
+def _column_stride(index, x_var) -> int:
+    """The coefficient of the output column `x_var` in the data's last index (the stride)."""
+    return max(1, _coefficient(index, x_var))
 
 
 def _vectorize_copy(sch: s_tir.Schedule, producer, target: Target) -> None:
@@ -333,7 +439,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         return None
     data_index, weight_index, shape = found
     isa = vector_isa(target)
-    block = block or choose_conv_block(isa, shape)
+    block = block or choose_conv_block(isa, shape, gemm.cache_sizes(target))
     mr = block.mr
 
     # 1. Weights: inline the flip etc., reindex to [f, c, kh, kw], pack [F/mr, c, kh, kw, mr].
