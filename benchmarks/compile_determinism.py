@@ -125,7 +125,7 @@ def markdown(rows: list, command: str, started: str, loads: tuple, wall: float) 
     ]
     for row in rows:
         m, n = row["measured"], row["nominal"]
-        both = "not run" if not n else "yes" if all("hash" in r for r in m + n) and \
+        both = "not run" if not (m and n) else "yes" if all("hash" in r for r in m + n) and \
             len({r["hash"] for r in m + n}) == 1 else "no"
         lines.append(f"| {row['model']} | {_same(m)} | {_seconds(m)} | "
                      f"{_slowest_stages((m or n)[0])} | {_same(n)} | {_seconds(n)} | {both} |")
