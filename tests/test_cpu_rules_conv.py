@@ -178,14 +178,8 @@ def test_register_block_is_exact_and_fits():
 
 
 def _window_of(x_shape, w_shape, **attrs):
-    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
-    w = relax.Var("w", relax.TensorType(w_shape, "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.conv2d(x, w, **attrs))
-        bb.emit_func_output(out)
-    (func,) = [f for _, f in relax.transform.LegalizeOps()(bb.get()).functions_items()
+    mod = conv_module(x_shape, np.zeros(w_shape, "float32"), **attrs)
+    (func,) = [f for _, f in relax.transform.LegalizeOps()(mod).functions_items()
                if isinstance(f, tirx.PrimFunc)]
     sch = tvm.s_tir.Schedule(func)
     return conv._match(sch, conv.gemm.find_gemm_block(sch))[2].window

@@ -188,9 +188,8 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
                 # (8 ch x 14 positions, 16 of 16 registers: 55 GFLOP/s; 8 x 7: 93).
                 continue
             count = (shape.channels // blk.mr) * (shape.height // blk.yb) * (shape.width // blk.xb)
-            cycles = max(gemm.micro_cycles(unit, blk.broadcasts, blk.vectors),
-                         streamed_cycles(blk, shape, caches))
-            key = (count * cycles, -blk.broadcasts * blk.vectors)
+            key = (count * max(_step_cycles(isa, blk, shape, caches)),
+                   -blk.broadcasts * blk.vectors)
             if best is None or key < best[0]:
                 best = (key, blk)
         return best
@@ -213,7 +212,7 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     channels = best_of([b for b in candidates if b.channels_in_lanes and b.mr >= min_mr])
     if channels is None or \
             channels[1].broadcasts * channels[1].vectors < isa.fma_units * isa.fma_latency or \
-            _waits_on_l2(isa, channels[1], shape, caches):
+            _waits_on_l2(*_step_cycles(isa, channels[1], shape, caches)):
         channels = best_of([b for b in candidates if b.channels_in_lanes])
     row_blocks = [b for b in candidates if not b.channels_in_lanes]
     whole = [b for b in row_blocks if isa.masked or b.xb % b.lanes == 0]
@@ -237,7 +236,8 @@ def streamed_cycles(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes 
     L1. Per input channel the block reads kh * kw * mr packed weights and the input lines of
     its window: the distinct rows y * sy + kh * dy times the lines of each row's span of
     columns (per column phase when strided, as the copy stores them). When the whole
-    reduction (every channel) needs more than L1, each tile streams all of it from L2.
+    reduction (every channel) needs more than L1, the share that does not fit
+    (1 - L1 / working set) streams from L2 at `L2_BYTES_PER_CYCLE`.
     A 2x2-position block of a 3x3 conv with dilation 2 reads 6 rows where a 1x7 block reads
     3: at 512 channels on 14x14 that block measured 113 vs 132 GFLOP/s (Zen 3), which the
     register model alone ranks the other way."""
@@ -264,11 +264,16 @@ def streamed_cycles(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes 
     return missed * per_channel / (kh * kw * L2_BYTES_PER_CYCLE)
 
 
-def _waits_on_l2(isa, block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes | None
-                 ) -> bool:
+def _step_cycles(isa, block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes | None
+                 ) -> tuple[Fraction, Fraction]:
+    """(register-model cycles, L2-streaming cycles) of one reduction step of `block`."""
     unit = _unit(isa, block, shape.dtype)
-    return streamed_cycles(block, shape, caches) > \
-        gemm.micro_cycles(unit, block.broadcasts, block.vectors)
+    return (gemm.micro_cycles(unit, block.broadcasts, block.vectors),
+            streamed_cycles(block, shape, caches))
+
+
+def _waits_on_l2(register: Fraction, streamed: Fraction) -> bool:
+    return streamed > register
 
 
 def _unit(isa, block: ConvBlock, dtype: str):
@@ -356,15 +361,16 @@ def _window(data_index, spatial, reduce) -> ConvWindow | None:
     if len(data_index) < 2:
         return None
     row, col = data_index[-2], data_index[-1]
+    row_vars, col_vars = _vars(row), _vars(col)
     kernel, dilation, channels = [], [], 1
-    for index in (row, col):
-        used = [iv for iv in reduce if iv.var in _vars(index)]
+    for index, index_vars in ((row, row_vars), (col, col_vars)):
+        used = [iv for iv in reduce if iv.var in index_vars]
         if len(used) != 1:
             return None
         kernel.append(int(used[0].dom.extent))
         dilation.append(_coefficient(index, used[0].var))
     for iv in reduce:
-        if not any(iv.var in _vars(i) for i in (row, col)):
+        if iv.var not in row_vars and iv.var not in col_vars:
             channels *= int(iv.dom.extent)
     stride = (_coefficient(row, spatial[2].var), _coefficient(col, spatial[3].var))
     if min(*stride, *dilation) < 1:
