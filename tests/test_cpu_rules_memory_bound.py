@@ -178,6 +178,74 @@ def test_long_rows_use_several_accumulators():
     check(lambda x: R.max(x, axis=[-1]), lambda x: x.max(-1), [(2, 1024)])
 
 
+def _legalised(fn, shapes, dtype="float32"):
+    mod = relax.transform.LegalizeOps()(_module(fn, shapes, dtype))
+    return [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)][0]
+
+
+def _root_buffers(func) -> list[str]:
+    """Names of the buffers the function's root block allocates (where rfactor puts its own)."""
+    root = func.body.block if hasattr(func.body, "block") else func.body
+    return [buf.name for buf in root.alloc_buffers]
+
+
+@pytest.mark.parametrize("shape", [(6, 197), (2, 3, 197), (2, 1001)])
+def test_ragged_rows_reduce_in_vectors(shape):
+    """Rows whose length is no multiple of the vector (ViT's 197 tokens) are factored into
+    vector accumulators with a predicated last chunk (the rule used to leave them scalar,
+    2x slower), and the blocks share one row loop through `_merge_rows`."""
+    func = _legalised(lambda x: R.nn.softmax(x, axis=-1), [shape])
+    sch = reduction.schedule_reduction(func, TARGET)
+    assert sch is not None
+    assert any(name.endswith(".rf") for name in _root_buffers(sch.mod["main"]))
+    check(lambda x: R.nn.softmax(x, axis=-1), _softmax, [shape], rtol=2e-6, atol=2e-6)
+    n = shape[-1]
+    check(lambda x, g, b: R.nn.layer_norm(x, g, b, axes=[-1]), _layer_norm,
+          [shape, (n,), (n,)], rtol=2e-5, atol=2e-5)
+
+
+def _row_reading(other_row: bool):
+    """m[i] = max_j x[i, j]; y[i, j] = x[i, j] - m[i] (or m of the next row: not row-local)."""
+    n, k = 4, 19
+    x = te.placeholder((n, k), name="x")
+    j = te.reduce_axis((0, k), name="j")
+    m = te.compute((n,), lambda i: te.max(x[i, j], axis=j), name="m")
+    y = te.compute((n, k), lambda i, c: x[i, c] - m[(i + 1) % n if other_row else i], name="y")
+    return te.create_prim_func([x, y])
+
+
+@pytest.mark.parametrize("other_row", [False, True])
+def test_merge_rows_refuses_a_block_that_reads_another_row(other_row):
+    """Planted fault: `merge` checks no dependences, so `_merge_rows` must refuse a block that
+    reads an intermediate of another row (it would read it before that row computed it)."""
+    func = _row_reading(other_row)
+    sch = tvm.s_tir.Schedule(func)
+    rf = reduction._rfactor(sch, sch.get_sblock("m"), lanes=8, latency=4)
+    assert rf is not None and reduction._predicated(sch, rf)  # 19 = 2 x 8 + 3: ragged
+    reduction._vectorize_partial(sch, rf)
+    row = reduction._merge_rows(sch, func, rows=1)
+    assert (row is None) == other_row
+    if not other_row:  # merged: the same numbers as the function before
+        lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=TARGET)
+        xs = RNG.standard_normal((4, 19)).astype("float32")
+        out = tvm.runtime.tensor(np.zeros((4, 19), "float32"))
+        lib["main"](tvm.runtime.tensor(xs), out)
+        np.testing.assert_allclose(out.numpy(), xs - xs.max(-1, keepdims=True), rtol=0, atol=0)
+
+
+def test_compute_at_drops_a_predicate_in_tvm_027():
+    """Why ragged rows are merged, not compute_at-ed: TVM 0.27's compute_at rebuilds the moved
+    block's loops from the region its consumer needs and loses the block's `T.where`, so the
+    predicated rf block of a 19-long row would read 24 elements (past the row). When this fails,
+    TVM keeps the predicate and `_merge_rows` could give way to compute_at."""
+    func = _row_reading(False)
+    sch = tvm.s_tir.Schedule(func)
+    rf = reduction._rfactor(sch, sch.get_sblock("m"), lanes=8, latency=4)
+    assert reduction._predicated(sch, rf)
+    sch.compute_at(rf, sch.get_loops(sch.get_sblock("m"))[0])
+    assert not reduction._predicated(sch, sch.get_sblock("m_rf"))
+
+
 def test_softmax_float64():  # (stock layer_norm legalisation is float32/16 only)
     check(lambda x: R.nn.softmax(x, axis=-1), _softmax, [(5, 19)], dtype="float64")
 
