@@ -4,7 +4,8 @@ and benchmarks/kernels.json (issue 12 part 6, issue 13 part 4).
 What: one row per GEMM-class and convolution shape of the model zoo (MatMul, Gemm, Conv,
 ConvTranspose; every distinct (op, input shapes, attributes), taken from the zoo's ONNX graphs
 after shape inference, not typed in), plus the memory-bound kernels of BERT and ResNet-18
-(GELU, LayerNorm, Softmax, a broadcast bias add, max-pooling, the head transpose) and BERT's
+(GELU, LayerNorm, Softmax, a broadcast bias add, max-pooling, the head transpose; ViT's softmax,
+whose rows of 197 are no whole number of vectors) and BERT's
 MatMul + bias + residual + LayerNorm as one region. Each is cut out of its zoo model as a small
 ONNX model (weights stay initializers, i.e. constants, as in the model) and run by:
 
@@ -246,6 +247,7 @@ MEMORY_REGIONS: tuple[tuple[str, str, str, Callable[[_Graph], Optional[list]]], 
     (MEMORY, "GELU (erf) {}", "bert", _gelu),
     (MEMORY, "LayerNorm {}", "bert", _single("LayerNormalization")),
     (MEMORY, "Softmax {}", "bert", _single("Softmax")),
+    (MEMORY, "Softmax {}", "vit", _single("Softmax")),  # rows of 197: not whole vectors
     (MEMORY, "Add bias broadcast {}", "bert", _single("Add", _bias_add)),
     (MEMORY, "MaxPool 3x3/s2 {}", "resnet18", _single("MaxPool")),
     (MEMORY, "Transpose {}", "bert", _single(
