@@ -216,6 +216,57 @@ def test_blocks_that_stream_from_l2_are_costed_by_their_lines():
     assert conv.choose_conv_block(zen3, shape).vectors == 2  # the register model alone
 
 
+ZEN3_CACHES = conv.gemm.CacheSizes(l1=32 * 1024, l2=512 * 1024)
+
+
+def _order_case(channels, size, out, kernel, rows_block):
+    """(block, shape, data bytes, weight bytes) of a stride-1 conv padded to keep its size."""
+    kh, kw = kernel
+    window = conv.ConvWindow(channels, kernel, (1, 1), (1, 1))
+    shape = conv.ConvShape(1, out, size, size, "float32", tuple(conv._divisors(out)), window)
+    data = 4 * channels * (size + kh - 1) * (size + kw - 1)
+    return rows_block, shape, data, 4 * out * channels * kh * kw
+
+
+def test_position_tiles_go_outer_where_that_spares_l3_traffic():
+    """ResNet-18's 64 -> 64 channels at 56x56 (input 841 KiB, beyond L2; 16 channel tiles of
+    4): positions outer read the input once instead of 16 times, and one tile's window (64
+    channels x 4 rows) fits L1. GCN's 15x1 128 -> 21 at 28x28: fewer bytes beyond L2 too, but
+    its tall window (16 rows x 128 channels) does not fit L1: channel tiles stay outer. An input
+    within half of L2 is read once either way, and without cache sizes nothing changes."""
+    resnet = _order_case(64, 56, 64, (3, 3), conv.ConvBlock(4, 2, 8, 8))
+    assert conv.positions_outer(resnet[0], resnet[1], ZEN3_CACHES, *resnet[2:])
+    assert not conv.positions_outer(resnet[0], resnet[1], None, *resnet[2:])
+    tall = _order_case(128, 28, 21, (15, 1), conv.ConvBlock(3, 2, 7, 8))
+    assert not conv.positions_outer(tall[0], tall[1], ZEN3_CACHES, *tall[2:])
+    small = _order_case(64, 14, 64, (3, 3), conv.ConvBlock(4, 2, 7, 8))
+    assert not conv.positions_outer(small[0], small[1], ZEN3_CACHES, *small[2:])
+
+
+def test_positions_outer_schedule_against_numpy(monkeypatch):
+    """The tile order with positions outer (forced by Zen 3 cache sizes: a 64-channel 34x34
+    input is beyond half of its L2), with bias and ReLU in the write-back, against numpy."""
+    monkeypatch.setattr(conv.gemm, "cache_sizes", lambda target: ZEN3_CACHES)
+    x_shape, w_shape = (1, 64, 32, 32), (64, 64, 3, 3)
+    x = RNG.standard_normal(x_shape).astype("float32")
+    w = RNG.standard_normal(w_shape).astype("float32")
+    b = RNG.standard_normal(64).astype("float32")
+    with TARGET:
+        from tvm.relax.backend.cpu_generic import pipeline as cpu
+        low = tvm.transform.Sequential(cpu.legalize_passes(TARGET))(
+            conv_module(x_shape, w, bias=b, relu=True, padding=1))
+    (func,) = [f for f in low.functions.values() if isinstance(f, tirx.PrimFunc)]
+    sch = conv.schedule_conv(func, TARGET)
+    # The fused parallel loop runs the channel tiles innermost: its name ends with theirs.
+    (tile,) = [sch.get(lp) for lp in sch.get_loops(sch.get_sblock("conv2d_nchw_update"))
+               if sch.get(lp).kind == tirx.ForKind.PARALLEL]
+    assert str(tile.loop_var).endswith("ff_0_fused"), tile.loop_var
+    out = run(conv_module(x_shape, w, bias=b, relu=True, padding=1), x, "einweld")
+    np.testing.assert_allclose(out, np.maximum(numpy_conv2d(x, w, pad=1)
+                                               + b.reshape(1, -1, 1, 1), 0), rtol=1e-4,
+                               atol=1e-4)
+
+
 @pytest.mark.parametrize("isa", [VectorISA(128, 16, False), VectorISA(256, 16, True),
                                  VectorISA(512, 32, True, masked=True)], ids=str)
 def test_every_shape_gets_an_exact_block_that_fits(isa):

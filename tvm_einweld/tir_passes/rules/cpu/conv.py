@@ -31,7 +31,9 @@ vectors along the contiguous output row):
    padding condition changes inside a vector) left scalar (`injective.vectorize_chunks`):
    the scalar copy had cost a stride-2 depthwise conv half its time, and MobileNetV2's
    stride-2 3 -> 32 conv at 224x224 60 %.
-3. Loops: (n, f/mr, y/yb, x/xb) fused and parallel; the reduction (c, kh, kw); then the
+3. Loops: (n, f/mr, y/yb, x/xb) fused and parallel, or (n, y/yb, x/xb, f/mr) where the
+   channel tiles would each read an input beyond L2 again (`positions_outer`, the GEMM
+   rule's traffic test); the reduction (c, kh, kw); then the
    register block mr x yb x xb, unrolled except the vector lanes, which hold either the xb
    output columns (xb divides the output width and is at most one vector or whole vectors)
    or, on small feature maps whose rows would leave the lanes more than half empty, mr
@@ -245,6 +247,21 @@ def streamed_cycles(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes 
     if window is None or caches is None:
         return Fraction(0)
     size = tvm.runtime.DataType(shape.dtype).bits // 8
+    kh, kw = window.kernel
+    per_channel = kh * kw * block.mr * size + _input_lines(block, shape) * CACHE_LINE
+    total = window.channels * per_channel
+    if total <= caches.l1:
+        return Fraction(0)
+    missed = 1 - Fraction(caches.l1) / total
+    return missed * per_channel / (kh * kw * L2_BYTES_PER_CYCLE)
+
+
+def _input_lines(block: ConvBlock, shape: ConvShape) -> Fraction:
+    """Cache lines of one input channel that the block's window reads (`shape.window` known):
+    the distinct rows y * sy + kh * dy times the lines of each row's span of columns (per
+    column phase when strided, as the copy stores them)."""
+    window = shape.window
+    size = tvm.runtime.DataType(shape.dtype).bits // 8
     (kh, kw), (sy, sx), (dy, dx) = window.kernel, window.stride, window.dilation
     rows = len({y * sy + r * dy for y in range(block.yb) for r in range(kh)})
     phases: dict[int, list[int]] = {}
@@ -254,14 +271,29 @@ def streamed_cycles(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes 
             phases.setdefault(column % sx, []).append(column // sx)
     # A run of n elements at an element-aligned start covers (n - 1) * size / line + 1 lines
     # on average.
-    lines = sum(Fraction((max(cols) - min(cols)) * size, CACHE_LINE) + 1
-                for cols in phases.values())
-    per_channel = kh * kw * block.mr * size + rows * lines * CACHE_LINE
-    total = window.channels * per_channel
-    if total <= caches.l1:
-        return Fraction(0)
-    missed = 1 - Fraction(caches.l1) / total
-    return missed * per_channel / (kh * kw * L2_BYTES_PER_CYCLE)
+    return rows * sum(Fraction((max(cols) - min(cols)) * size, CACHE_LINE) + 1
+                      for cols in phases.values())
+
+
+def positions_outer(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes | None,
+                    data_bytes: int, weight_bytes: int) -> bool:
+    """Order of the parallel tiles: output positions outer and the channel tiles (F / mr)
+    inner, rather than channel tiles outer. Channel tiles outer read each tile's weights once
+    and the whole input once per channel tile; positions outer read the input once and all
+    weights once per position tile. Positions go outer where that moves fewer bytes from
+    beyond L2 (`gemm.beyond_l2`, the GEMM rule's tile order) and one position tile's input
+    window, every channel of it, fits L1, so that the channel tiles after the first read it
+    from L1. ResNet-18's 64 -> 64 channels at 56x56 (input 841 KiB, 16 channel tiles of 4):
+    131 -> 168 GFLOP/s on a Zen 3; GCN's 15x1 128 -> 21 at 28x28, whose tall window (16 rows
+    x 128 channels, 144 KiB) does not fit L1, measured 5-20 % slower so and keeps its order."""
+    if caches is None or shape.window is None:
+        return False
+    channel_tiles = shape.channels // block.mr
+    position_tiles = shape.batch * (shape.height // block.yb) * (shape.width // block.xb)
+    window = shape.window.channels * _input_lines(block, shape) * CACHE_LINE
+    return window <= caches.l1 and \
+        gemm.beyond_l2(caches, data_bytes, weight_bytes, position_tiles) < \
+        gemm.beyond_l2(caches, weight_bytes, data_bytes, channel_tiles)
 
 
 def _step_cycles(isa, block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes | None
@@ -510,7 +542,14 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         sch.parallel(channel)
         _vectorize_copy(sch, producers[0], target)
     else:
-        tile = sch.fuse(n, f_tile, y_tile, x_tile)
+        size = tvm.runtime.DataType(shape.dtype).bits // 8
+        data_bytes, weight_bytes = (size * math.prod(int(d) for d in buf.shape) for buf in (
+            sch.get(conv).reads[data_index].source, sch.get(conv).reads[weight_index].source))
+        tiles = (n, y_tile, x_tile, f_tile) if positions_outer(
+            block, shape, gemm.cache_sizes(target), data_bytes, weight_bytes) else \
+            (n, f_tile, y_tile, x_tile)
+        sch.reorder(*tiles)
+        tile = sch.fuse(*tiles)
         sch.parallel(tile)
         for producer in producers:  # one copy of the whole input, parallel over channels
             sch.parallel(sch.fuse(*sch.get_loops(producer)[:2]))

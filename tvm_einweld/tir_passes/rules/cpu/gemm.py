@@ -247,13 +247,16 @@ def _columns_outer(caches: CacheSizes, size: int, m: int, mc: int, n: int, k: in
     vs columns outer: BERT's 128x3072 . 3072x768 9.96 vs 8.83 ms (B 9 MiB, 11 row tiles),
     NeRF's 4096x256 . 256x256 8.7 vs 9.6 ms (B fits L2, A does not)."""
     a_bytes, b_bytes = m * k * size, n * k * size
-
-    def traffic(once: int, again: int, times: int) -> int:
-        return once + (again if again <= caches.l2 // 2 else times * again)
-
-    rows_outer = traffic(a_bytes, b_bytes, m // mc)
-    cols_outer = traffic(b_bytes, a_bytes, math.ceil(n / nr))
+    rows_outer = beyond_l2(caches, a_bytes, b_bytes, m // mc)
+    cols_outer = beyond_l2(caches, b_bytes, a_bytes, math.ceil(n / nr))
     return cols_outer < rows_outer
+
+
+def beyond_l2(caches: CacheSizes, once: int, again: int, times: int) -> int:
+    """Bytes read from beyond L2 when an outer loop over the tiles of one operand (`once`
+    bytes, each tile read once) runs `times` passes over the other (`again` bytes): one pass
+    when the other fits half of L2 and stays there, `times` passes otherwise."""
+    return once + (again if again <= caches.l2 // 2 else times * again)
 
 
 @functools.lru_cache(maxsize=None)
