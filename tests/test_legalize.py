@@ -1,6 +1,8 @@
 """Our legalisations (`tir_passes.legalize`): softmax normalised by one reciprocal per row
-equals TVM's legalisation within 1.5 ulp on random rows of odd shapes along every axis, gives
-NaN where it does on rows holding inf and NaN, and is what the pipeline schedules."""
+equals TVM's legalisation within a few ulp on random rows of odd shapes along every axis (the
+reciprocal's rounding, and the row sum re-associated across vector lanes by the reduction
+rule, ragged rows included) and is as accurate against float64, gives NaN where it does on
+rows holding inf and NaN, and is what the pipeline schedules."""
 import numpy as np
 import pytest
 import tvm
@@ -28,11 +30,14 @@ def test_softmax_equals_tvms_own_legalisation(rng, host_target, shape, axis):
     x = (rng.standard_normal(shape) * 20).astype("float32")
     ours = run_vm(mod, x, target=host_target, relax_pipeline=analytic_pipeline(host_target))
     stock = run_vm(mod, x)
-    np.testing.assert_allclose(ours, stock, rtol=3e-7, atol=1e-30)
+    # 1 ulp for the reciprocal, up to ~4 for the sum's re-association (float32 ulp ~1.2e-7).
+    np.testing.assert_allclose(ours, stock, rtol=1e-6, atol=1e-30)
     x64 = x.astype("float64")
     e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
-    np.testing.assert_allclose(ours, e / e.sum(axis=axis, keepdims=True), rtol=2e-5,
-                               atol=1e-37)
+    exact = e / e.sum(axis=axis, keepdims=True)
+    np.testing.assert_allclose(ours, exact, rtol=2e-5, atol=1e-37)
+    error = lambda y: np.max(np.abs(y - exact) / np.maximum(exact, 1e-37))
+    assert error(ours) <= 1.25 * error(stock), (error(ours), error(stock))
 
 
 def test_softmax_float64_rows(rng, host_target):

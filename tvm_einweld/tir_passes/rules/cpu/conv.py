@@ -284,7 +284,8 @@ def positions_outer(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes 
     beyond L2 (`gemm.beyond_l2`, the GEMM rule's tile order) and one position tile's input
     window, every channel of it, fits L1, so that the channel tiles after the first read it
     from L1. ResNet-18's 64 -> 64 channels at 56x56 (input 841 KiB, 16 channel tiles of 4):
-    131 -> 168 GFLOP/s on a Zen 3; GCN's 15x1 128 -> 21 at 28x28, whose tall window (16 rows
+    125-153 -> 167-173 GFLOP/s on a Zen 3 (several runs, old and new alternating in one
+    process); GCN's 15x1 128 -> 21 at 28x28, whose tall window (16 rows
     x 128 channels, 144 KiB) does not fit L1, measured 5-20 % slower so and keeps its order."""
     if caches is None or shape.window is None:
         return False
