@@ -4,6 +4,12 @@ of ResNet-50 conv blocks (pad + conv2d + bias + ReLU) at the same trial count pe
     python benchmarks/layout_tuning.py            # full: 512 trials per task (many hours here)
     python benchmarks/layout_tuning.py --quick    # 9 trials per task, small search
     python benchmarks/layout_tuning.py --trials 64 --per-round 8 --output benchmarks/x.md
+    python benchmarks/layout_tuning.py --output x.md --work-dir w --resume   # continue a run
+
+A run that stops part-way (a session's time, a machine's) keeps every finished task in
+OUTPUT.json (the numbers the report is made of) beside OUTPUT; `--resume` with the same
+settings skips those tasks and tunes the rest, so the 512-trial run can be done a few tasks
+at a time. A task cut off mid-way is tuned again from its start.
 
 Each variant tunes every task with its own database. The best deployable program of each
 variant (NL: A, LR: L+P with the transform in the kernel, LC / adaptive: P with weights
@@ -13,6 +19,7 @@ and the median is reported. Gains are t_single / t_adaptive - 1 (positive: adapt
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
@@ -40,8 +47,18 @@ def parse_args(argv):
     p.add_argument("--bandit", action="store_true", help="also run the adaptive bandit selector")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="keep the tuning databases here (default: temp dir)")
-    p.add_argument("-o", "--output", help="also write the Markdown report to this file")
+    p.add_argument("-o", "--output", help="also write the Markdown report to this file (and the "
+                   "finished tasks' numbers to the same path with .json added)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the tasks OUTPUT.json holds for the same settings and tune the rest")
     return p.parse_args(argv)
+
+
+def summary(results) -> list[dict]:
+    """What the report needs of one task's [VariantResult], as plain data (OUTPUT.json)."""
+    return [dict(label=r.variant.label, layout_strategy=r.variant.layout_strategy, secs=r.secs,
+                 wall_secs=r.tuning.wall_secs, measurements=r.tuning.measurements,
+                 rounds=[o.strategy.value for o in r.tuning.rounds]) for r in results]
 
 
 def gain(single, adaptive):
@@ -57,7 +74,7 @@ def msec(x):
 
 
 def report(rows, labels, settings, command, wall):
-    """rows: (block, [VariantResult]) per task."""
+    """rows: (task name, `summary` of its variants) per task."""
     singles = [l for l in labels if l in ("NL", "LR", "LC")]
     lines = [
         "# Adaptive layout-strategy tuning (AL-Ansor on MetaSchedule): ResNet-50 conv blocks",
@@ -76,8 +93,8 @@ def report(rows, labels, settings, command, wall):
         "|---|" + "---|" * (len(labels) + 1 + len(singles) + 1),
     ]
     gains = {s: [] for s in singles + ["best"]}
-    for block, results in rows:
-        t = {r.variant.label: r.secs for r in results}
+    for name, results in rows:
+        t = {r["label"]: r["secs"] for r in results}
         ranked = sorted((x for x in labels if t.get(x) is not None), key=lambda x: t[x])
         best_single = min((t[s] for s in singles if t.get(s) is not None), default=None)
         g = {s: gain(t.get(s), t.get("adaptive")) for s in singles}
@@ -86,7 +103,7 @@ def report(rows, labels, settings, command, wall):
             if v is not None:
                 gains[k].append(v)
         lines.append(
-            f"| {block.name} | " + " | ".join(msec(t.get(l)) for l in labels)
+            f"| {name} | " + " | ".join(msec(t.get(l)) for l in labels)
             + f" | {' < '.join(ranked)} | " + " | ".join(pct(g[s]) for s in singles) + f" | {pct(g['best'])} |"
         )
     lines.append(
@@ -96,15 +113,14 @@ def report(rows, labels, settings, command, wall):
     )
     lines += ["", "Tuning wall time per task (s) and measurements (programs built and run):", "",
               "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    for block, results in rows:
-        lines.append(f"| {block.name} | " + " | ".join(
-            f"{r.tuning.wall_secs:.0f} s / {r.tuning.measurements}" for r in results) + " |")
+    for name, results in rows:
+        lines.append(f"| {name} | " + " | ".join(
+            f"{r['wall_secs']:.0f} s / {r['measurements']}" for r in results) + " |")
     lines += ["", "Strategy of each round of the adaptive runs:", ""]
-    for block, results in rows:
+    for name, results in rows:
         for r in results:
-            if r.variant.layout_strategy == "adaptive":
-                seq = " ".join(o.strategy.value for o in r.tuning.rounds)
-                lines.append(f"- {block.name} [{r.variant.label}]: {seq}")
+            if r["layout_strategy"] == "adaptive":
+                lines.append(f"- {name} [{r['label']}]: {' '.join(r['rounds'])}")
     return "\n".join(lines) + "\n"
 
 
@@ -124,21 +140,44 @@ def main(argv=None) -> int:
     work_root = args.work_dir or tempfile.mkdtemp(prefix="einweld-layout-bench-")
     blocks: list[Conv2dBlock] = list(RESNET50_BLOCKS[: settings["tasks"]])
     command = ("python benchmarks/layout_tuning.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    state_path = args.output + ".json" if args.output else None
+    # What the kept numbers depend on (not how many tasks: a resumed run may go further).
+    key = dict({k: v for k, v in settings.items() if k != "tasks"}, seed=args.seed, variants=labels)
+    rows, wall_before = [], 0.0
+    if args.resume:
+        if not state_path:
+            raise SystemExit("--resume needs --output (the finished tasks are kept beside it)")
+        if os.path.exists(state_path):
+            with open(state_path) as f:
+                state = json.load(f)
+            if state.get("settings") != key:
+                raise SystemExit(f"{state_path} holds a run with other settings: "
+                                 f"{state.get('settings')}; not resuming it")
+            rows = [(name, results) for name, results in state["tasks"]]
+            wall_before = state.get("wall_secs", 0.0)
+            print(f"resuming: {len(rows)} of {len(blocks)} tasks done", flush=True)
     start = time.time()
-    rows = []
+    text = report(rows, labels, settings, command, wall_before)
+    done = {name for name, _ in rows}
     for block in blocks:
+        if block.name in done:
+            continue
         results = comparison.compare_task(
             block.module(), target, work_root, settings["trials"], variants, task_name=block.name,
             num_trials_per_iter=settings["per_round"], search=search, seed=args.seed,
             early_stopping_rounds=settings["early_stopping_rounds"],
         )
-        rows.append((block, results))
+        rows.append((block.name, summary(results)))
         print(f"{block.name}: " + ", ".join(f"{r.variant.label} {msec(r.secs)} ms" for r in results), flush=True)
-        # Written after every task, so that a long run stopped part-way still leaves its table.
-        text = report(rows, labels, settings, command, time.time() - start)
+        # Written after every task, so that a long run stopped part-way still leaves its table
+        # and, in OUTPUT.json, the tasks `--resume` keeps.
+        wall = wall_before + time.time() - start
+        text = report(rows, labels, settings, command, wall)
         if args.output:
             with open(args.output, "w") as f:
                 f.write(text)
+            with open(state_path, "w") as f:
+                json.dump(dict(settings=key, tasks=rows, wall_secs=wall), f, indent=1)
     print(text)
     return 0
 
