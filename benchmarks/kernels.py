@@ -1062,11 +1062,18 @@ def _load(load: Sequence[float]) -> str:
     return "/".join(f"{x:.1f}" for x in load)
 
 
+def _fastest_round_pct(rows: list[Row], peak: float, prefixes: tuple[str, ...] = ("",)
+                       ) -> list[float]:
+    """Sorted fractions of `peak` that einweld reaches in its fastest round, over the rows
+    whose label starts with one of `prefixes` (every row by default)."""
+    return sorted(r.flops / min(c.rounds) / peak for r in rows
+                  if r.label.startswith(prefixes) and (c := r.cell(EINWELD.name)) and c.rounds)
+
+
 def _best_of_kind(rows: list[Row], peak: float, prefixes: tuple[str, ...]) -> str:
     """'>= 80 % on k of n, median p' over the rows whose label starts with one of `prefixes`,
     each at its fastest einweld round."""
-    pct = sorted(r.flops / min(c.rounds) / peak for r in rows
-                 if r.label.startswith(prefixes) and (c := r.cell(EINWELD.name)) and c.rounds)
+    pct = _fastest_round_pct(rows, peak, prefixes)
     if not pct:
         return "none"
     return f">= 80 % on {sum(p >= 0.8 for p in pct)} of {len(pct)}, median " \
@@ -1103,8 +1110,7 @@ def _summary(report: Report, gemm: list[Row], memory: list[Row], fused: list[Row
              f"range {_pct(large_pct[0][0]) if large_pct else '-'}-"
              f"{_pct(large_pct[-1][0]) if large_pct else '-'}.",
              ]
-    best_pct = sorted(r.flops / min(c.rounds) / peak for r in large
-                      if (c := r.cell(EINWELD.name)) and c.rounds)
+    best_pct = _fastest_round_pct(large, peak)
     if best_pct:  # the peak is a best-of-runs figure: the like-for-like kernel time is its best
         lines.append(f"  In each row's fastest round (the statistic of the peak, the best of "
                      f"10 runs) rather than the median: >= 80 % on "

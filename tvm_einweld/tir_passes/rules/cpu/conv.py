@@ -132,6 +132,11 @@ class ConvShape:
     window: ConvWindow | None = None  # None: no cache-traffic term in the block choice
 
     @property
+    def itemsize(self) -> int:
+        """Bytes of one element."""
+        return tvm.runtime.DataType(self.dtype).bits // 8
+
+    @property
     def depthwise(self) -> bool:
         """Every output channel reads its own input channels (depthwise, or one output
         channel per group): no register block shares data across channels."""
@@ -236,8 +241,7 @@ def streamed_cycles(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes 
                     ) -> Fraction:
     """Cycles per reduction step to bring the block's operands from L2, 0 where they stay in
     L1. Per input channel the block reads kh * kw * mr packed weights and the input lines of
-    its window: the distinct rows y * sy + kh * dy times the lines of each row's span of
-    columns (per column phase when strided, as the copy stores them). When the whole
+    its window (`_input_lines`). When the whole
     reduction (every channel) needs more than L1, the share that does not fit
     (1 - L1 / working set) streams from L2 at `L2_BYTES_PER_CYCLE`.
     A 2x2-position block of a 3x3 conv with dilation 2 reads 6 rows where a 1x7 block reads
@@ -246,9 +250,8 @@ def streamed_cycles(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes 
     window = shape.window
     if window is None or caches is None:
         return Fraction(0)
-    size = tvm.runtime.DataType(shape.dtype).bits // 8
     kh, kw = window.kernel
-    per_channel = kh * kw * block.mr * size + _input_lines(block, shape) * CACHE_LINE
+    per_channel = kh * kw * block.mr * shape.itemsize + _input_lines(block, shape) * CACHE_LINE
     total = window.channels * per_channel
     if total <= caches.l1:
         return Fraction(0)
@@ -261,7 +264,7 @@ def _input_lines(block: ConvBlock, shape: ConvShape) -> Fraction:
     the distinct rows y * sy + kh * dy times the lines of each row's span of columns (per
     column phase when strided, as the copy stores them)."""
     window = shape.window
-    size = tvm.runtime.DataType(shape.dtype).bits // 8
+    size = shape.itemsize
     (kh, kw), (sy, sx), (dy, dx) = window.kernel, window.stride, window.dilation
     rows = len({y * sy + r * dy for y in range(block.yb) for r in range(kh)})
     phases: dict[int, list[int]] = {}
@@ -543,9 +546,10 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         sch.parallel(channel)
         _vectorize_copy(sch, producers[0], target)
     else:
-        size = tvm.runtime.DataType(shape.dtype).bits // 8
-        data_bytes, weight_bytes = (size * math.prod(int(d) for d in buf.shape) for buf in (
-            sch.get(conv).reads[data_index].source, sch.get(conv).reads[weight_index].source))
+        reads = sch.get(conv).reads
+        data_bytes, weight_bytes = (shape.itemsize * math.prod(int(d) for d in buf.shape)
+                                    for buf in (reads[data_index].source,
+                                                reads[weight_index].source))
         tiles = (n, y_tile, x_tile, f_tile) if positions_outer(
             block, shape, gemm.cache_sizes(target), data_bytes, weight_bytes) else \
             (n, f_tile, y_tile, x_tile)

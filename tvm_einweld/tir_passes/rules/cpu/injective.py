@@ -338,9 +338,14 @@ def contiguous_run(block: s_tir.SBlock, spatial: list[tirx.Var], extents: list[i
     return run
 
 
+def is_partition_scope(block: s_tir.SBlock) -> bool:
+    """Whether `block` is one of the scope blocks loop_partition puts around the pieces of a
+    cut loop (named by TVM `<loop>_common` and `<loop><i>_partition`), not a computing block."""
+    return block.name_hint.endswith(("_partition", "_common"))
+
+
 def _leaf_blocks_under(sch: s_tir.Schedule, loop) -> list:
-    return [b for b in sch.get_child_blocks(loop) if not sch.get(b).name_hint.endswith(
-        ("_partition", "_common"))]
+    return [b for b in sch.get_child_blocks(loop) if not is_partition_scope(sch.get(b))]
 
 
 def irregular_chunks(sch: s_tir.Schedule, block_rv, chunk_loop, vector_loop, chunks: int,

@@ -43,9 +43,9 @@ from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
 from .injective import (COMM_REDUCE, DATA_PAR, CpuParams, _get_realize, block_bytes, cpu_params,
-                        is_gemm_like, is_param, is_reduction, is_row_reduction, loop_extent,
-                        loops_match_iters, inline_spatial, try_vectorize, vectorize_chunks,
-                        visit_exprs)
+                        is_gemm_like, is_param, is_partition_scope, is_reduction,
+                        is_row_reduction, loop_extent, loops_match_iters, inline_spatial,
+                        try_vectorize, vectorize_chunks, visit_exprs)
 
 # Calls that make an element worth computing once and keeping for the row.
 EXPENSIVE_CALLS = frozenset({"tirx.exp", "tirx.erf", "tirx.tanh", "tirx.sigmoid", "tirx.log",
@@ -206,7 +206,7 @@ def _leaf_blocks(sch: s_tir.Schedule) -> list:
     out = []
     def visit(top, parent):
         for rv in sch.get_child_blocks(parent):
-            if sch.get(rv).name_hint.endswith(("_partition", "_common")):
+            if is_partition_scope(sch.get(rv)):
                 visit(top or rv, rv)
             else:
                 out.append((top or rv, rv))
