@@ -10,7 +10,8 @@ emitters here are
 * `gemm_emit`: numpy's BLAS for a matmul (`numpy_gemm.py`);
 * `derived_emit`: a derived expression, instantiated (`instantiate.py`), matched matmuls
   taking the faster provider when `providers` names a target (`provider_builder`);
-* `merged_emits`: the two halves of an inter-expression merge, sharing one instantiation.
+* `merged_emits`: the two halves of an inter-expression merge, sharing one instantiation;
+* `winograd_emit`: a stride-1 convolution by Winograd minimal filtering (`winograd.py`).
 
 `subprogram_module` puts a subprogram (or one operator) into a module of its own, with an
 emitter per operator, and `subprogram_inputs` says which values become its parameters.
@@ -52,7 +53,7 @@ Providers = Optional[Union[str, tvm.target.Target]]
 class Program:
     """One candidate replacement of an operator and its cost."""
 
-    label: str  # "original", "numpy_gemm", "derived", "merged"
+    label: str  # "original", "numpy_gemm", "derived", "merged", "winograd"
     kernels: Tuple[Kernel, ...]
     emit: Emit = field(compare=False, repr=False)
     rules: Tuple[str, ...] = ()
@@ -183,6 +184,19 @@ def gemm_emit(op: OpNode) -> Emit:
 
     def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
         return numpy_gemm.matmul_call(values[a], values[b])
+
+    return emit
+
+
+def winograd_emit(op: OpNode, plan) -> Emit:
+    """The Winograd form (`winograd.emit`, `plan` from `winograd.plans`) of a conv2d operator
+    on the given data and weights."""
+    data, weight = op.names
+
+    def emit(bb: relax.BlockBuilder, values: Values) -> relax.Expr:
+        from . import winograd
+
+        return winograd.emit(bb, values[data], values[weight], plan)
 
     return emit
 

@@ -13,6 +13,9 @@ For every Relax function:
    * the states of the distance-guided derivation search (`search.py`) from the operator's
      canonical expression, instantiated as predefined operators plus eOperators
      (`instantiate.py`; matched matmuls take the faster provider);
+   * for a stride-1 3x3 convolution on a CPU, its Winograd form (`winograd.py`: a batched
+     matmul between an input and an output transform eOperator, the algorithm's identity
+     proven in exact arithmetic), when its roofline beats the direct convolution's;
    then, across operators, inter-expression merging: two operators that differ in one input
    become one operator on the concatenated inputs (EinNet §4.2, Algorithm 1 line 11);
 3. cost every candidate (`op_cost.program_kernels`: compute-bound predefined operators
@@ -65,10 +68,10 @@ from ..expr.expression import Expr
 from ..expr.from_relax import expr_of_call
 from ..expr.fingerprint import structurally_equal
 from ..verify.random_testing import compare_relax
-from . import numpy_gemm
+from . import numpy_gemm, winograd
 from .candidates import (
     Emit, OpResult, Program, Providers, SubprogramResult, derived_emit, gemm_emit, merged_emits,
-    original_emit, subprogram_inputs, subprogram_module, unchanged_result,
+    original_emit, subprogram_inputs, subprogram_module, unchanged_result, winograd_emit,
 )
 from .op_cost import flops, program_kernels, roofline_seconds, static_shape, time_calls
 from .derivation import Rule
@@ -121,6 +124,8 @@ class DerivationTransform:
     rewrites. `check_whole=False` leaves the check of the whole returned module to the caller
     (the einweld pipeline checks its final module whole). Computations holding less than
     `min_flop_share` of the module's summation FLOPs are not searched (`_minor_signatures`).
+    `winograd=False` leaves out the Winograd candidates of stride-1 convolutions
+    (`winograd.py`).
     """
 
     def __init__(self, max_depth: int = 7, max_states: int = 400, time_limit_s: float = 1.0,
@@ -133,7 +138,8 @@ class DerivationTransform:
                  confirm_by_measurement: bool = True, measured_attempts: int = 3,
                  measure: bool = True, search_budget_s: float = 10.0,
                  min_search_s: float = 0.25, check_whole: bool = True,
-                 min_flop_share: float = 0.01) -> None:
+                 min_flop_share: float = 0.01, winograd: bool = True) -> None:
+        self.winograd = winograd
         self.budget = Budget(max_depth=max_depth, max_states=max_states,
                              time_limit_s=time_limit_s if measure else float("inf"), seed=seed)
         self.search_budget_s = search_budget_s
@@ -259,7 +265,10 @@ class DerivationTransform:
             # check (running the original's unscheduled kernels) would only cost compile time.
             from .op_cost import measured_comparison
 
-            verdict = measured_comparison(before, after, self.target, MIN_MEASURED_GAIN)
+            shapes = (subprogram_module(sub.ops, constants_as_params=True),
+                      subprogram_module(sub.ops, [o.chosen.emit for o in ops],
+                                        constants_as_params=True))
+            verdict = measured_comparison(before, after, self.target, MIN_MEASURED_GAIN, shapes)
             before_s, after_s = verdict.before, verdict.after
             ops = tuple(o if o.chosen is o.original else replace(o, tried=o.tried + (o.chosen,))
                         for o in ops)
@@ -345,6 +354,7 @@ class DerivationTransform:
             self._searched[signature] = (op, tuple(derived), stats, tuple(found_notes), best)
             candidates += derived
             notes += found_notes
+        candidates += self._winograd(op)
         if len(candidates) > 1:
             candidates = self._timed_original(op, candidates)
         chosen = self.choose(candidates)
@@ -437,7 +447,7 @@ class DerivationTransform:
                     f"budget {self.search_budget_s:g} min {self.min_search_s:g} "
                     f"seed {b.seed} speedup {self.min_speedup:g} inst "
                     f"{self.max_instantiations} providers {self.providers} "
-                    f"measure {self.measure}")
+                    f"measure {self.measure} winograd {self.winograd}")
         digest = hashlib.blake2b(repr(expr).encode(), digest_size=16).hexdigest()
         return (f"{machine.code_version()}|{self.target}|derivation search|{settings}|"
                 f"{digest}|{''.join('c' if c else 'v' for c in constant)}")
@@ -537,6 +547,19 @@ class DerivationTransform:
         steps = state.derivations
         return Program(label, kernels, emit, state.rules, tuple(str(d) for d in steps),
                        tuple(p for d in steps for p in d.proofs))
+
+    def _winograd(self, op: OpNode) -> List[Program]:
+        """The Winograd forms of a stride-1 convolution (`winograd.py`): a batched matmul
+        between two transform eOperators, its identity proven exactly; costed, timed and
+        checked like every other candidate."""
+        programs = []
+        peaks = self.peaks or measured_peaks()
+        for plan in winograd.plans(op.call, self.target, peaks) if self.winograd else ():
+            program = self._program("winograd", op, winograd_emit(op, plan))
+            programs.append(replace(program, rules=("winograd",),
+                                    steps=(f"Winograd {plan.alg.name}",),
+                                    proofs=(winograd.identity_proof(plan.alg),)))
+        return programs
 
     def _derived(self, op: OpNode, result: SearchResult, notes: List[str]) -> List[Program]:
         """Instantiate the matched states first, then explored ones, up to the cap. Their

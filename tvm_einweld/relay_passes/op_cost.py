@@ -320,16 +320,21 @@ def measure_modules(mods: Sequence, target: str = "llvm", repeats: int = 5) -> L
     return measure(mods, target, repeats)
 
 
-def measured_comparison(before, after, target: str = "llvm", min_ratio: float = 1.05):
+def measured_comparison(before, after, target: str = "llvm", min_ratio: float = 1.05,
+                        shapes: Optional[Tuple[object, object]] = None):
     """`tir_passes.measure.compare_modules` of two modules, cached on disk by the modules'
     structural hashes, target, ratio and package version: a decision made once is made the
-    same way when the same model is compiled again, whatever the machine's load then."""
+    same way when the same model is compiled again, whatever the machine's load then.
+    `shapes`, when given, are the same two modules with their constants as parameters and key
+    the verdict instead: layers equal but for their weights' values (ResNet's four 64-channel
+    3x3 convolutions) share one timing, as a kernel's time does not depend on those values."""
     from tvm_ffi import structural_hash
 
     from ..tir_passes.measure import Comparison, compare_modules
 
-    key = (f"{machine.code_version()}|{target}|compare {min_ratio:g}|{structural_hash(before)}"
-           f"|{structural_hash(after)}")
+    keyed = shapes or (before, after)
+    key = (f"{machine.code_version()}|{target}|compare {min_ratio:g}|"
+           f"{'shapes ' if shapes else ''}{structural_hash(keyed[0])}|{structural_hash(keyed[1])}")
     fields = machine.cached(key, lambda: list(vars(compare_modules(before, after, target,
                                                                     min_ratio)).values()))
     return Comparison(*fields)
