@@ -77,13 +77,13 @@ def test_transform_kernels_match_numpy(alg, lanes, data, dtype, rng):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def _conv_module(data, f, padding, dtype, form, weight):
+def _conv_module(data, f, padding, dtype, form, weight, dilation=1):
     x = relax.Var("x", relax.TensorType(data, dtype))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
             w = relax.const(weight, dtype)
-            call = bb.normalize(relax.op.nn.conv2d(x, w, padding=padding))
+            call = bb.normalize(relax.op.nn.conv2d(x, w, padding=padding, dilation=dilation))
             y = bb.emit(call) if form is None else W.emit(bb, x, w,
                                                           replace(W.match(call, form), lanes=4))
             out = bb.emit_output(y)
@@ -92,16 +92,18 @@ def _conv_module(data, f, padding, dtype, form, weight):
 
 
 @pytest.mark.parametrize("alg", W.ALGORITHMS, ids=lambda a: a.name)
-@pytest.mark.parametrize("data,f,padding,dtype", [
-    ((1, 8, 14, 14), 16, (1, 1, 1, 1), "float32"),
-    ((2, 3, 13, 10), 5, (0, 2, 1, 0), "float32"),  # batch 2, asymmetric padding, ragged tiles
-    ((1, 4, 9, 7), 3, (1, 1, 1, 1), "float64"),
+@pytest.mark.parametrize("data,f,padding,dtype,dilation", [
+    ((1, 8, 14, 14), 16, (1, 1, 1, 1), "float32", 1),
+    ((2, 3, 13, 10), 5, (0, 2, 1, 0), "float32", 1),  # batch 2, asymmetric padding, ragged
+    ((1, 4, 9, 7), 3, (1, 1, 1, 1), "float64", 1),
+    ((1, 8, 14, 14), 6, (2, 2, 2, 2), "float32", 2),  # CSRNet's: phases of 9x9
+    ((2, 3, 15, 15), 4, (3, 3, 3, 3), "float32", 3),  # 3x3 phases of 7x7, batch 2
 ])
-def test_winograd_form_equals_conv2d(alg, data, f, padding, dtype, rng):
+def test_winograd_form_equals_conv2d(alg, data, f, padding, dtype, dilation, rng):
     weight = (rng.standard_normal((f, data[1], 3, 3)) / 3).astype(dtype)
     x = rng.standard_normal(data).astype(dtype)
-    want = run_vm(_conv_module(data, f, padding, dtype, None, weight), x)
-    got = run_vm(_conv_module(data, f, padding, dtype, alg, weight), x)
+    want = run_vm(_conv_module(data, f, padding, dtype, None, weight, dilation), x)
+    got = run_vm(_conv_module(data, f, padding, dtype, alg, weight, dilation), x)
     tol = 1e-12 if dtype == "float64" else (2e-6 if alg is F23 else 2e-5)
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
 
@@ -117,9 +119,11 @@ def _conv_call(data=(1, 8, 14, 14), weight=(8, 8, 3, 3), dtype="float32", **attr
 
 
 @pytest.mark.parametrize("call", [
-    _conv_call(strides=2), _conv_call(dilation=2), _conv_call(weight=(8, 4, 3, 3), groups=2),
+    _conv_call(strides=2), _conv_call(data=(1, 8, 13, 14), dilation=2, padding=2),
+    _conv_call(dilation=(1, 2)), _conv_call(weight=(8, 4, 3, 3), groups=2),
     _conv_call(weight=(8, 8, 5, 5)), _conv_call(dtype="int32"), _conv_call(data=(1, 8, 2, 2)),
-], ids=["stride", "dilation", "groups", "5x5", "int32", "smaller than a tile"])
+], ids=["stride", "dilation into unequal phases", "unequal dilations", "groups", "5x5",
+        "int32", "smaller than a tile"])
 def test_what_it_does_not_rewrite(call):
     assert all(W.match(call, alg) is None for alg in W.ALGORITHMS)
 

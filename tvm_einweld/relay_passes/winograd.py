@@ -4,7 +4,8 @@ output transform (Lavin & Gray 2016), a candidate of `DerivationTransform`.
 What it rewrites
 ----------------
 `relax.op.nn.conv2d(x, w)`, NCHW data, OIHW weights, an r x r kernel (r in `ALGORITHMS`),
-stride 1, dilation 1, groups 1, static shapes. F(m, r) computes each m x m tile of outputs
+stride 1, groups 1, static shapes, any dilation d whose padded input divides into d x d equal
+phases (CSRNet's 3x3 dilation-2 convolutions on 14x14 maps). F(m, r) computes each m x m tile of outputs
 from an a x a tile of inputs (a = m + r - 1) with a^2 multiplications per (input channel,
 output channel) pair instead of m^2 r^2: 2.25x fewer for F(2, 3), 4x for F(4, 3). In tensor
 form, with T = N * ceil(OH / m) * ceil(OW / m) tiles:
@@ -37,6 +38,11 @@ tensor product of two instances), so the 1-D identity proves it. The tiling is e
 = (n, p, q) covers outputs (m p + k, m q + l), whose windows read padded rows m p .. m p + a - 1
 and columns likewise; padding the input to m * ceil(OH / m) + r - 1 rows (zeros past the
 convolution's own padding) gives every tile its window, and outputs past OH / OW are cropped.
+A dilation d > 1: output (d y + p, d x + q) reads padded inputs (d (y + i) + p, d (x + j) + q)
+for taps (i, j), so it is output (y, x) of the undilated convolution of phase (p, q),
+xp[:, :, p::d, q::d]; the phases are stacked along the batch (space-to-batch: reshape and
+transpose of the padded input), convolved as above without padding, and the outputs put back
+in their places (batch-to-space), exact data movement on both sides.
 Floating-point rounding differs from the direct sum (the transforms scale and subtract
 inputs: F(4, 3)'s error is some 10x F(2, 3)'s); the derivation pass checks each rewritten
 subprogram against the original on random inputs and keeps the original if they disagree,
@@ -121,8 +127,9 @@ def exact_identity(alg: Algorithm) -> bool:
 
 @dataclass(frozen=True)
 class WinogradConv:
-    """A conv2d the rewrite applies to: shapes, padding (top, left, bottom, right), output
-    size, the algorithm and the tile counts."""
+    """A conv2d the rewrite applies to: shapes, padding (top, left, bottom, right), dilation,
+    output size, the algorithm and the tile counts. A dilated convolution is computed as its
+    `phases`: an undilated one on the space-to-batch rearranged input."""
 
     data: Tuple[int, ...]
     weight: Tuple[int, ...]
@@ -130,23 +137,36 @@ class WinogradConv:
     out_dtype: str
     alg: Algorithm
     lanes: int = 1  # the transforms' vector width (1: scalar code)
+    dilation: int = 1
 
     @property
     def out_hw(self) -> Tuple[int, int]:
-        (_, _, h, w), r = self.data, self.alg.r
+        (_, _, h, w), edge = self.data, self.dilation * (self.alg.r - 1)
         top, left, bottom, right = self.padding
-        return h + top + bottom - r + 1, w + left + right - r + 1
+        return h + top + bottom - edge, w + left + right - edge
+
+    @property
+    def phases(self) -> "WinogradConv":
+        """The undilated convolution of the d x d phases (d the dilation), batched phase-major:
+        phase (p, q) of the padded input is xp[:, :, p::d, q::d] and output (d y + p, d x + q)
+        is output (y, x) of phase (p, q)'s undilated convolution (module docstring)."""
+        d, (n, c, h, w), (top, left, bottom, right) = self.dilation, self.data, self.padding
+        if d == 1:
+            return self
+        return replace(self, data=(d * d * n, c, (h + top + bottom) // d,
+                                   (w + left + right) // d), padding=(0, 0, 0, 0), dilation=1)
 
     @property
     def tiles(self) -> Tuple[int, int]:
-        oh, ow = self.out_hw
+        oh, ow = self.phases.out_hw
         return math.ceil(oh / self.alg.m), math.ceil(ow / self.alg.m)
 
     @property
     def multiplies(self) -> int:
         """Multiply-adds of the batched matmul (the direct conv: N F C OH OW r^2)."""
         th, tw = self.tiles
-        return self.alg.alpha ** 2 * self.data[0] * th * tw * self.data[1] * self.weight[0]
+        return self.alg.alpha ** 2 * self.phases.data[0] * th * tw * self.data[1] * \
+            self.weight[0]
 
 
 def match(call: relax.Call, alg: Algorithm) -> Optional[WinogradConv]:
@@ -158,8 +178,8 @@ def match(call: relax.Call, alg: Algorithm) -> Optional[WinogradConv]:
     if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW",
                                                                           "NCHW"):
         return None
-    if int(a.groups) != 1 or any(int(s) != 1 for s in a.strides) or \
-            any(int(d) != 1 for d in a.dilation):
+    dilation = {int(d) for d in a.dilation}
+    if int(a.groups) != 1 or any(int(s) != 1 for s in a.strides) or len(dilation) != 1:
         return None
     try:
         data, weight = static_shape(call.args[0]), static_shape(call.args[1])
@@ -170,8 +190,11 @@ def match(call: relax.Call, alg: Algorithm) -> Optional[WinogradConv]:
     if str(call.args[0].ty.dtype) not in ("float32", "float64"):
         return None  # integer data: the transforms' fractions do not apply
     conv = WinogradConv(tuple(data), tuple(weight), tuple(int(p) for p in a.padding),
-                        str(call.ty.dtype), alg)
-    oh, ow = conv.out_hw
+                        str(call.ty.dtype), alg, dilation=dilation.pop())
+    d, (top, left, bottom, right) = conv.dilation, conv.padding
+    if (data[2] + top + bottom) % d or (data[3] + left + right) % d:
+        return None  # the phases would differ in size
+    oh, ow = conv.phases.out_hw
     if oh < alg.m or ow < alg.m:
         return None  # not even one whole tile: nothing to save
     return conv
@@ -326,7 +349,21 @@ def emit(bb: relax.BlockBuilder, x: relax.Expr, w: relax.Expr, conv: WinogradCon
          ) -> relax.Expr:
     """The Winograd program of `conv` on data `x` and weights `w`, emitted into `bb`: the
     input transform and output transform as kernels of their own (`input_transform`,
-    `output_transform`), the weight transform and the batched matmul as Relax operators."""
+    `output_transform`), the weight transform and the batched matmul as Relax operators; a
+    dilated convolution through its phases (space-to-batch before, batch-to-space after)."""
+    if conv.dilation > 1:
+        d, (n, c, h, wd), f = conv.dilation, conv.data, conv.weight[0]
+        top, left, bottom, right = conv.padding
+        hp, wp = h + top + bottom, wd + left + right
+        xp = bb.emit(relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right]))
+        xp = bb.emit(relax.op.reshape(xp, (n, c, hp // d, d, wp // d, d)))
+        xp = bb.emit(relax.op.permute_dims(xp, [3, 5, 0, 1, 2, 4]))
+        xp = bb.emit(relax.op.reshape(xp, conv.phases.data))
+        y = emit(bb, xp, w, conv.phases)  # [d d n, f, oh / d, ow / d], phase-major
+        oh, ow = conv.out_hw
+        y = bb.emit(relax.op.reshape(y, (d, d, n, f, oh // d, ow // d)))
+        y = bb.emit(relax.op.permute_dims(y, [2, 3, 4, 0, 5, 1]))
+        return bb.emit(relax.op.reshape(y, (n, f, oh, ow)))
     alg, dtype = conv.alg, conv.out_dtype
     a, f, c = alg.alpha, conv.weight[0], conv.data[1]
     th, tw = conv.tiles
@@ -366,6 +403,11 @@ def roofline_seconds(conv: WinogradConv, peaks: Peaks) -> float:
     (a^2 / r^2 times the weights: in a model of several such layers they come from memory),
     whichever is longer, plus the bytes the transforms move."""
     item = np.dtype(conv.out_dtype).itemsize
+    if conv.dilation > 1:  # the phases, and the input and output rearranged around them
+        n = conv.data[0]
+        return roofline_seconds(conv.phases, peaks) + item * 2 * (
+            math.prod(conv.phases.data) + n * conv.weight[0] * math.prod(conv.out_hw)) / \
+            peaks.bandwidth
     a, (n, c, _, _), f = conv.alg.alpha, conv.data, conv.weight[0]
     (th, tw), (oh, ow) = conv.tiles, conv.out_hw
     tiles = n * th * tw
