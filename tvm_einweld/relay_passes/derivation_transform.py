@@ -13,9 +13,10 @@ For every Relax function:
    * the states of the distance-guided derivation search (`search.py`) from the operator's
      canonical expression, instantiated as predefined operators plus eOperators
      (`instantiate.py`; matched matmuls take the faster provider);
-   * for a stride-1 3x3 convolution on a CPU, its Winograd form (`winograd.py`: a batched
-     matmul between an input and an output transform eOperator, the algorithm's identity
-     proven in exact arithmetic), when its roofline beats the direct convolution's;
+   * for a stride-1 3x3 convolution (dilated too) on a CPU, its Winograd form
+     (`winograd.py`: a batched matmul between an input and an output transform eOperator,
+     the algorithm's identity proven in exact arithmetic), when its roofline beats the direct
+     convolution's;
    then, across operators, inter-expression merging: two operators that differ in one input
    become one operator on the concatenated inputs (EinNet §4.2, Algorithm 1 line 11);
 3. cost every candidate (`op_cost.program_kernels`: compute-bound predefined operators
@@ -552,9 +553,10 @@ class DerivationTransform:
         """The Winograd forms of a stride-1 convolution (`winograd.py`): a batched matmul
         between two transform eOperators, its identity proven exactly; costed, timed and
         checked like every other candidate."""
+        if not self.winograd or self.target.kind.name != "llvm":
+            return []  # (the transforms are CPU kernels)
         programs = []
-        peaks = self.peaks or measured_peaks()
-        for plan in winograd.plans(op.call, self.target, peaks) if self.winograd else ():
+        for plan in winograd.plans(op.call, self.target, self.peaks or measured_peaks()):
             program = self._program("winograd", op, winograd_emit(op, plan))
             programs.append(replace(program, rules=("winograd",),
                                     steps=(f"Winograd {plan.alg.name}",),

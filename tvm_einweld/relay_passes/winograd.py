@@ -5,8 +5,8 @@ What it rewrites
 ----------------
 `relax.op.nn.conv2d(x, w)`, NCHW data, OIHW weights, an r x r kernel (r in `ALGORITHMS`),
 stride 1, groups 1, static shapes, any dilation d whose padded input divides into d x d equal
-phases (CSRNet's 3x3 dilation-2 convolutions on 14x14 maps). F(m, r) computes each m x m tile of outputs
-from an a x a tile of inputs (a = m + r - 1) with a^2 multiplications per (input channel,
+phases (CSRNet's 3x3 dilation-2 convolutions on 14x14 maps). F(m, r) computes each m x m tile
+of outputs from an a x a tile of inputs (a = m + r - 1) with a^2 multiplications per (input channel,
 output channel) pair instead of m^2 r^2: 2.25x fewer for F(2, 3), 4x for F(4, 3). In tensor
 form, with T = N * ceil(OH / m) * ceil(OW / m) tiles:
 
