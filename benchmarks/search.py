@@ -366,7 +366,7 @@ def gemm_table(optimised) -> None:
     print("\n## 3. Matched GEMMs against the machine's sgemm peak\n")
     from tvm_einweld.relay_passes.op_cost import best_seconds
 
-    peak = machine.profile().sgemm_flops / 1e9
+    peak = machine.profile().peak_gflops
     a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
     c = np.empty_like(a)
     now = 2 * 1024 ** 3 / best_seconds(lambda: np.matmul(a, a, out=c), repeats=7) / 1e9

@@ -1,6 +1,7 @@
 """The benchmark harness: output checks (planted faults), runners, roofline counts, machine."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -178,6 +179,31 @@ def test_roofline_bound_uses_the_binding_resource() -> None:
     assert cost.bound_seconds(m) == pytest.approx(expected)
     # InfoGAN's weights dominate: a generator at batch 1 is memory-bound.
     assert cost.bound_seconds(m) == pytest.approx(cost.min_bytes / 10e9)
+
+
+def test_the_compute_ceiling_is_the_fma_peak_where_measured() -> None:
+    """numpy's sgemm is no ceiling (its OpenBLAS reached 45 % of a Zen 5's FMA peak, which
+    our GEMMs pass): the roofline and the derivation's peaks use the FMA probe's figure, and
+    numpy's only where no compiler ran the probe."""
+    probed = machine_mod.MachineInfo("cpu", 2, 8.0, sgemm_gflops=100.0, copy_gbs=1e6,
+                                     numpy_version="x", measured_at="t", fma_gflops=400.0)
+    cost = graph_cost(build_model("nerf"))  # compute-bound at any of these bandwidths
+    assert cost.bound_seconds(probed) == pytest.approx(cost.flops / 400e9)
+    assert "FMA 400 GFLOP/s" in probed.describe()
+    unprobed = dataclasses.replace(probed, fma_gflops=None)
+    assert cost.bound_seconds(unprobed) == pytest.approx(cost.flops / 100e9)
+    assert "FMA not measured" in unprobed.describe()
+
+
+def test_a_description_from_before_the_fma_probe_is_measured_again(tmp_path, monkeypatch
+                                                                    ) -> None:
+    fresh = machine_mod.MachineInfo(machine_mod.cpu_model(), 2, 8.0, 100.0, 10.0,
+                                    np.__version__, "now", fma_gflops=400.0)
+    old = {k: v for k, v in dataclasses.asdict(fresh).items() if k != "fma_gflops"}
+    (tmp_path / "machine.json").write_text(json.dumps(old))
+    monkeypatch.setattr(machine_mod.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(machine_mod, "measure_machine", lambda: fresh)
+    assert machine_mod.describe_machine(tmp_path).fma_gflops == 400.0
 
 
 # ---- machine description --------------------------------------------------------------------------

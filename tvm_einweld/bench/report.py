@@ -174,7 +174,7 @@ def problems(suite: SuiteResult) -> list[str]:
 
 
 def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
-    balance = suite.machine.sgemm_gflops / suite.machine.copy_gbs
+    balance = suite.machine.peak_gflops / suite.machine.copy_gbs
     threads = f"{suite.threads} threads" if suite.threads else "their default threads"
     how = (f"Each runner ran in its own worker process with {threads} (every runtime's thread "
            "setting, listed under Settings), prepared once, then timed in rounds that "
@@ -208,7 +208,7 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
         "",
         "## Distance from the roofline",
         "",
-        "Bound = max(FLOPs / sgemm peak, compulsory bytes / copy bandwidth); compulsory bytes "
+        "Bound = max(FLOPs / FMA peak, compulsory bytes / copy bandwidth); compulsory bytes "
         "= inputs + weights + outputs once; unfused bytes = every operator's inputs and "
         "outputs through memory. Distance = best latency / bound.",
         "",

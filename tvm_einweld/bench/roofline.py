@@ -10,7 +10,9 @@ Two byte counts are kept:
   less, so it is the memory side of the roofline bound.
 - `unfused_bytes`: every operator reading its inputs and writing its output through memory,
   i.e. the traffic without any fusion; min/unfused shows how much fusion can save.
-The bound is max(FLOPs / sgemm peak, min_bytes / copy bandwidth); distance = latency / bound.
+The bound is max(FLOPs / FMA peak, min_bytes / copy bandwidth) (`MachineInfo.peak_flops`: the
+C probe's FMA peak on every core, numpy's sgemm only where no compiler ran it); distance =
+latency / bound.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class GraphCost:
     unfused_bytes: float
 
     def bound_seconds(self, machine: MachineInfo) -> float:
-        return max(self.flops / (machine.sgemm_gflops * 1e9),
+        return max(self.flops / machine.peak_flops,
                    self.min_bytes / (machine.copy_gbs * 1e9))
 
     def intensity(self) -> float:
