@@ -54,6 +54,7 @@ import tvm
 from tvm import relax
 
 from .parallel_build import PrebuiltKernels
+from .threads import blas_threads
 from .tir_passes.measure import compare_modules
 from .verify.module_check import ModuleCheck, check_if_runnable, checked, checked_parts
 
@@ -157,7 +158,9 @@ class EinweldOptimize:
                                                                                  None, None)
         self.tuned_variant, self.revisited = 0, None
         clock = _StageClock(self.stage_seconds)
-        with target:
+        # The stages time kernels on TVM's pool between numpy calls of their own (references,
+        # checks): OpenBLAS's spinning threads would stall those timings (threads.py).
+        with target, blas_threads(1):
             # Optimistic: the stages check their parts, the final module is checked whole
             # against the user's (two builds instead of one per stage). Only when that check
             # fails are the stages run again, each checked whole, so that the one at fault is

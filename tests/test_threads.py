@@ -1,0 +1,32 @@
+"""TVM's pool on every physical core, unpinned, and OpenBLAS's pool capped inside a block
+(tvm_einweld/threads.py)."""
+import os
+
+import numpy as np
+import tvm
+
+import tvm_einweld  # noqa: F401  (configures the pool on import)
+from tvm_einweld.machine import physical_cores, usable_cpus
+from tvm_einweld.threads import _openblas_pools, blas_threads
+
+
+def test_pool_uses_every_physical_core_and_leaves_threads_unpinned():
+    expected = int(os.environ.get("TVM_NUM_THREADS") or physical_cores())
+    assert tvm.get_global_func("runtime.NumThreads")() == expected
+    # Threads that other libraries create later inherit this mask: all usable CPUs.
+    assert sorted(os.sched_getaffinity(0)) == sorted(usable_cpus())
+
+
+def test_blas_threads_caps_numpys_openblas_and_restores_it():
+    np.ones((64, 64), np.float32) @ np.ones((64, 64), np.float32)  # OpenBLAS loaded and used
+    uses_openblas = "openblas" in str(
+        np.__config__.CONFIG["Build Dependencies"]["blas"]["name"]).lower()
+    before = [get() for get, _ in _openblas_pools()]
+    with blas_threads(1) as capped:
+        inside = [get() for get, _ in _openblas_pools()]
+        a = np.random.default_rng(0).standard_normal((96, 80)).astype(np.float32)
+        np.testing.assert_allclose(a @ a.T, (a.astype(np.float64) @ a.T.astype(np.float64)),
+                                   rtol=1e-4, atol=1e-4)
+    assert capped == len(before) and (capped >= 1 or not uses_openblas)
+    assert inside == [1] * capped
+    assert [get() for get, _ in _openblas_pools()] == before
