@@ -226,7 +226,7 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     if whole or channels is not None:  # partial-vector rows only when nothing else fits
         row_blocks = whole
     # One data vector per step makes every FMA wait on its own broadcast weight, as in the
-    # GEMM rule (`gemm.choose_register_block`): two rows of one vector each where they fit
+    # GEMM rule (`gemm.register_blocks`): two rows of one vector each where they fit
     # (64 ch at 56x56 on a Zen core: 4 ch x 2 rows 35.5 GFLOP/s, 8 ch x 1 row 30.1).
     row_blocks = [b for b in row_blocks if b.vectors >= 2] or row_blocks
     rows = best_of(row_blocks)

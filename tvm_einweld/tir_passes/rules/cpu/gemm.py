@@ -43,10 +43,10 @@ never written back (pad_einsum's crop). The parallel loop only spans spatial axe
 threads touch the same output element.
 
 Sizing (all from the target and the device model, nothing from a particular CPU):
-`choose_register_block` picks (mr, nr) that minimise a cycle model of the padded problem
-(FMA throughput, load ports, FMA latency over independent accumulators, see `micro_cycles`)
-under the register budget; `choose_tiles` keeps K whole while a K x nr panel of B fits in
-half of L2 (the accumulator then never leaves the registers), else blocks it for L1, and
+`choose_tiling` picks (mr, nr) and the tiles together, minimising a cycle model of the padded
+problem (FMA throughput, load ports, FMA latency over independent accumulators, see
+`micro_cycles`) under the register budget; `choose_tiles` keeps K whole while a K x nr panel
+of B fits in half of L2 (the accumulator then never leaves the registers), else blocks it for L1, and
 sizes `mc` for L2 while leaving enough parallel tiles for the cores (M padded to whole row
 tiles) and orders the tiles to move fewer bytes from beyond L2. Cache sizes come from sysfs
 (`machine.cache_sizes`) when the target is this host, else from the `DEFAULT_CACHES` table.
@@ -176,37 +176,22 @@ def _padding_copy(m: int, m_padded: int) -> Fraction:
     return m * PAD_COPY_CYCLES if m_padded != m else Fraction(0)
 
 
-def choose_register_block(isa: VectorISA, dtype: str, m: int, n: int) -> RegisterBlock:
-    """The (mr, vectors) minimising the modelled time of the m x n problem padded to whole
-    register blocks, alone (`choose_tiling` also charges the padding to whole row tiles and
-    the split between cores; this is the choice where no tiling follows).
-
-    The model charges padding (ceil(m/mr) * ceil(n/nr) blocks) times the cycles per k step of
-    one block (`micro_cycles`); ties go to more accumulators. An mr that does not divide m
-    costs a zero-padded copy of A (`PAD_COPY_CYCLES` per element and k step): nothing next to
-    the blocks of a wide N, but with N in one vector the micro-kernel itself costs about as
-    much per element of A (NeRF's 4096x256 . 256x1: 14 rows and a copy of A, or 8 rows and
-    none)."""
-    def key(block: RegisterBlock):
-        m_padded = math.ceil(m / block.mr) * block.mr
-        cycles = (m_padded // block.mr) * math.ceil(n / block.nr) * \
-            micro_cycles(isa, block.mr, block.vectors)
-        return (cycles + _padding_copy(m, m_padded), -block.mr * block.vectors)
-
-    return min(register_blocks(isa, dtype, m, n), key=key)
-
-
 def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m: int, n: int,
                   k: int, cores: int) -> Tiling:
     """Register block and cache blocks together: every candidate block (`register_blocks`)
-    with its tiles (`choose_tiles`), costed as what the schedule runs, the busiest core's
+    with its tiles (`choose_tiles`), costed as what the schedule runs: the busiest core's
     share of the tiles (TVM splits the parallel loop into equal contiguous chunks) times a
-    tile's register blocks times `micro_cycles`, plus the padding copy of A. M is padded to
-    whole row tiles, so a block whose row tiles leave many padded rows loses to one that
-    divides M: on a Zen 5 core (AVX-512) BERT's 512 x 768 . 768 x 3072 took 14 x 2 blocks by
-    the register block alone, M padded to 560 in row tiles of 140, 406 GFLOP/s; 8 x 3 blocks
-    in row tiles of 128 ran 489 (one process, alternating). On a shape every block divides
-    (1680 x 768 . 768 x 3072) the blocks from 4 x 4 to 14 x 2 measured within 3 % there."""
+    tile's register blocks times `micro_cycles` (per k step), plus the zero-padded copy of A
+    (`PAD_COPY_CYCLES` per element and k step, shared by the cores) when M is padded; ties go
+    to more accumulators. M is padded to whole row tiles, so the padding of a block's row
+    tiles is charged, not only that of its register blocks: on a Zen 5 core (AVX-512) BERT's
+    512 x 768 . 768 x 3072 took 14 x 2 blocks when the block was chosen alone, and row tiles
+    of 140 padded M to 560 (406 GFLOP/s); chosen together, 13 x 2 in tiles of 130 (M 520) ran
+    476, 8 x 3 in tiles of 128 489-506 (one process, alternating). On a shape every block
+    divides (1680 x 768 . 768 x 3072) blocks from 4 x 4 to 14 x 2 measured within 4 % there.
+    With N in one vector the padding copy costs about as much per element of A as the
+    micro-kernel itself (NeRF's 4096x256 . 256x1: 14 rows and a copy of A, or 8 rows and
+    none), which keeps such products on blocks that divide M."""
     def key(tiling: Tiling):
         block = tiling.block
         m_tiled = math.ceil(m / tiling.mc) * tiling.mc
