@@ -50,7 +50,7 @@ def _prelude(folder: Path, block: str) -> dict:
 
 
 def test_the_readme_has_its_python_blocks():
-    assert len(BLOCKS) == 3
+    assert len(BLOCKS) == 4
 
 
 def _run_blocks(indices, folder: Path, monkeypatch) -> dict:
@@ -77,6 +77,15 @@ def test_tuning_block(tmp_path, monkeypatch):
 
 def test_exported_library_block(tmp_path, monkeypatch):
     ns = _run_blocks([2], tmp_path, monkeypatch)
+    out = ns["out"]
+    result = (out if hasattr(out, "numpy") else out[0]).numpy()
+    expected = np.maximum(0, _conv_reference(ns["inputs"][0], tmp_path / "model.onnx"))
+    np.testing.assert_allclose(result, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_blas_threads_block(tmp_path, monkeypatch):
+    """The OpenBLAS cap around the exported library's inference (the block after it)."""
+    ns = _run_blocks([2, 3], tmp_path, monkeypatch)
     out = ns["out"]
     result = (out if hasattr(out, "numpy") else out[0]).numpy()
     expected = np.maximum(0, _conv_reference(ns["inputs"][0], tmp_path / "model.onnx"))

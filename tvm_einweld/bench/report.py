@@ -210,7 +210,9 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
         "",
         "Bound = max(FLOPs / FMA peak, compulsory bytes / copy bandwidth); compulsory bytes "
         "= inputs + weights + outputs once; unfused bytes = every operator's inputs and "
-        "outputs through memory. Distance = best latency / bound.",
+        "outputs through memory. Distance = best latency / bound. The FLOPs are the graph's "
+        "(a Winograd form computes fewer multiply-adds) and the copy bandwidth is one numpy "
+        "thread's (every core together copies faster), so a distance below 1 is possible.",
         "",
         roofline_table(suite),
         "",
