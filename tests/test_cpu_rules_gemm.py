@@ -139,6 +139,41 @@ def test_tiling_charges_padding_to_whole_row_tiles():
     assert -(-512 // alone.mc) * alone.mc == 560  # what the joint choice avoids
 
 
+def test_a_crop_that_cannot_fold_is_charged():
+    """A 1x1 convolution's output read through a reshape (p = y * 28 + x) cannot take a padded
+    tile's crop in its write-back: padding N = 784 costs a whole extra pass (MobileNetV2's
+    32 -> 192 at 28x28: 60-66 us with 12 x 2 blocks, N padded to 800; 26-43 us with blocks
+    of 112 columns, which divide 784). With `crop_pass` the plan takes a block that divides
+    N; without it (the crop folds) padding 16 columns is cheaper."""
+    caches = gemm.CacheSizes(l1=48 * 1024, l2=1024 * 1024)
+    isa = VectorISA(bits=512, registers=32, fma=True, masked=True)
+    folded = gemm.choose_tiling(isa, caches, "float32", 1, 192, 784, 32, cores=2)
+    crop = gemm.choose_tiling(isa, caches, "float32", 1, 192, 784, 32, cores=2, crop_pass=True)
+    assert 784 % folded.block.nr and 784 % crop.block.nr == 0
+    # M is cropped by the same pass: 32 rows are not padded to 33 for an 11-row block.
+    crop = gemm.choose_tiling(isa, caches, "float32", 1, 32, 16384, 32, cores=2, crop_pass=True)
+    assert 32 % crop.mc == 0 and 16384 % crop.block.nr == 0
+
+
+def test_a_conv_1x1_on_an_odd_map_against_numpy():
+    """The 1x1 convolution whose plan avoids padding (N = 28 * 28), with a bias + clip
+    epilogue, through the whole rule and its compile-time weight packing."""
+    x = rand(1, 32, 28, 28)
+    w, b = rand(192, 32, 1, 1), rand(192)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(xv, relax.const(w)))
+            y = bb.emit(relax.op.add(y, relax.const(b.reshape(1, -1, 1, 1))))
+            out = bb.emit_output(bb.emit(relax.op.clip(y, 0.0, 6.0)))
+        bb.emit_func_output(out)
+    ex = tvm.compile(bb.get(), TARGET, relax_pipeline=cpu_gemm_pipeline(TARGET))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    ref = np.einsum("nchw,fc->nfhw", x, w[:, :, 0, 0]) + b.reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(got, np.clip(ref, 0, 6), **tol("float32"))
+
+
 @pytest.mark.parametrize("columns_outer", [False, True])
 @pytest.mark.parametrize("kc", [32, 96])
 def test_tile_orders_and_split_k(columns_outer, kc):

@@ -177,7 +177,7 @@ def _padding_copy(m: int, m_padded: int) -> Fraction:
 
 
 def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m: int, n: int,
-                  k: int, cores: int) -> Tiling:
+                  k: int, cores: int, crop_pass: bool = False) -> Tiling:
     """Register block and cache blocks together: every candidate block (`register_blocks`)
     with its tiles (`choose_tiles`), costed as what the schedule runs: the busiest core's
     share of the tiles (TVM splits the parallel loop into equal contiguous chunks) times a
@@ -191,15 +191,24 @@ def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m:
     divides (1680 x 768 . 768 x 3072) blocks from 4 x 4 to 14 x 2 measured within 4 % there.
     With N in one vector the padding copy costs about as much per element of A as the
     micro-kernel itself (NeRF's 4096x256 . 256x1: 14 rows and a copy of A, or 8 rows and
-    none), which keeps such products on blocks that divide M."""
+    none), which keeps such products on blocks that divide M.
+    `crop_pass`: the output's consumers read it through composite indices (a 1x1
+    convolution's positions p = y * W + x), which a padded tile's crop cannot be folded into
+    (`_inline_consumers`): padding M or N then costs a whole extra pass over the padded
+    output, at the padding copy's rate per element. MobileNetV2's 1x1 32 -> 192 at 28x28 (N = 784): 12 x 2
+    blocks (N padded to 800 and the extra pass) 60-66 us, 2 x 7 blocks (112 columns divide
+    784) 26 us (Zen 5, one process, alternating)."""
     def key(tiling: Tiling):
         block = tiling.block
         m_tiled = math.ceil(m / tiling.mc) * tiling.mc
-        tiles = batch * (m_tiled // tiling.mc) * math.ceil(n / block.nr)
+        n_padded = math.ceil(n / block.nr) * block.nr
+        tiles = batch * (m_tiled // tiling.mc) * (n_padded // block.nr)
         busiest = math.ceil(tiles / cores) * (tiling.mc // block.mr)
         cycles = busiest * micro_cycles(isa, block.mr, block.vectors)
-        return (cycles + _padding_copy(m, m_tiled) * batch / cores,
-                -block.mr * block.vectors)
+        copies = _padding_copy(m, m_tiled)
+        if crop_pass and (n_padded != n or m_tiled != m):
+            copies += Fraction(m_tiled * n_padded, k) * PAD_COPY_CYCLES
+        return (cycles + copies * batch / cores, -block.mr * block.vectors)
 
     return min((choose_tiles(block, caches, dtype, batch, m, n, k, cores)
                 for block in register_blocks(isa, dtype, m, n)), key=key)
@@ -696,10 +705,10 @@ def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockR
     return sch, main, GemmShape(batch, m, n, k, dtype, maps.a_read, a_gather)
 
 
-def plan(shape: GemmShape, target: Target) -> Tiling:
-    """Register and cache blocks for `shape` on `target`."""
+def plan(shape: GemmShape, target: Target, crop_pass: bool = False) -> Tiling:
+    """Register and cache blocks for `shape` on `target` (`crop_pass`: see `choose_tiling`)."""
     return choose_tiling(vector_isa(target), cache_sizes(target), shape.dtype, shape.batch,
-                         shape.m, shape.n, shape.k, target_cores(target))
+                         shape.m, shape.n, shape.k, target_cores(target), crop_pass)
 
 
 def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = None
@@ -710,7 +719,8 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     if found is None:
         return None
     sch, main, shape = found
-    tiling = tiling or plan(shape, target)
+    tiling = tiling or plan(shape, target, crop_pass=not all(
+        _simple_reads(sch, c) for c in _all_consumers(sch, main)))
     mr, nr, lanes = tiling.block.mr, tiling.block.nr, tiling.block.lanes
 
     # Step 2: pad I to whole row tiles and J to whole panels (no-op axes are left alone, so
