@@ -347,7 +347,8 @@ class MachineInfo:
     measured_at: str  # UTC ISO time of the measurement
     load_at_measurement: Optional[float] = None  # 1-min load average just before measuring
     caches: Dict[str, int] = field(default_factory=dict)  # bytes by level name
-    # fp32 FMA peak of every physical core (the C probe, `measure_fma_peak`); None without gcc
+    # fp32 FMA peak of every physical core (the C probe, `measure_fma_peak`); None where
+    # gcc with OpenMP is missing
     fma_gflops: Optional[float] = None
 
     @property
@@ -377,7 +378,7 @@ class MachineInfo:
 
     def describe(self) -> str:
         fma = f"FMA {self.fma_gflops:.0f} GFLOP/s (fp32, every core), " \
-            if self.fma_gflops else "FMA not measured (no gcc), "
+            if self.fma_gflops else "FMA not measured (no gcc with OpenMP), "
         text = (f"{self.cpu_model}, {self.logical_cpus} logical CPUs, "
                 f"{self.memory_gib:.0f} GiB; measured peaks: {fma}sgemm "
                 f"{self.sgemm_gflops:.0f} GFLOP/s (numpy), copy {self.copy_gbs:.1f} GB/s "

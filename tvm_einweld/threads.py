@@ -67,8 +67,9 @@ def _openblas_pools() -> List[Tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]]:
     elsewhere none)."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
-            paths = {line.split(None, 5)[5].strip() for line in maps
-                     if len(line.split(None, 5)) == 6 and "openblas" in line.rsplit("/", 1)[-1]}
+            fields = [line.split(None, 5) for line in maps]
+        paths = {f[5].strip() for f in fields
+                 if len(f) == 6 and "openblas" in f[5].rsplit("/", 1)[-1]}
     except OSError:
         return []
     pools = []

@@ -46,9 +46,9 @@ Sizing (all from the target and the device model, nothing from a particular CPU)
 `choose_tiling` picks (mr, nr) and the tiles together, minimising a cycle model of the padded
 problem (FMA throughput, load ports, FMA latency over independent accumulators, see
 `micro_cycles`) under the register budget; `choose_tiles` keeps K whole while a K x nr panel
-of B fits in half of L2 (the accumulator then never leaves the registers), else blocks it for L1, and
-sizes `mc` for L2 while leaving enough parallel tiles for the cores (M padded to whole row
-tiles) and orders the tiles to move fewer bytes from beyond L2. Cache sizes come from sysfs
+of B fits in half of L2 (the accumulator then never leaves the registers), else blocks it for
+L1, and sizes `mc` for L2 while leaving enough parallel tiles for the cores (M padded to whole
+row tiles) and orders the tiles to move fewer bytes from beyond L2. Cache sizes come from sysfs
 (`machine.cache_sizes`) when the target is this host, else from the `DEFAULT_CACHES` table.
 """
 from __future__ import annotations
@@ -195,9 +195,11 @@ def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m:
     `crop_pass`: the output's consumers read it through composite indices (a 1x1
     convolution's positions p = y * W + x), which a padded tile's crop cannot be folded into
     (`_inline_consumers`): padding M or N then costs a whole extra pass over the padded
-    output, at the padding copy's rate per element. MobileNetV2's 1x1 32 -> 192 at 28x28 (N = 784): 12 x 2
-    blocks (N padded to 800 and the extra pass) 60-66 us, 2 x 7 blocks (112 columns divide
-    784) 26 us (Zen 5, one process, alternating)."""
+    output, at the padding copy's rate per element. MobileNetV2's 1x1 32 -> 192 at 28x28
+    (N = 784) on a Zen 5, one process, alternating: 12 x 2 blocks (N padded to 800 and the
+    extra pass) 60-66 us; the plan with the pass charged, 3 x 7 blocks (112 columns divide
+    784) in row tiles of 96, 42 us; 2 x 7 in one row tile 26 us, which this model does not
+    rank first (it has no term for the locality of the runtime-packed B between cores)."""
     def key(tiling: Tiling):
         block = tiling.block
         m_tiled = math.ceil(m / tiling.mc) * tiling.mc
