@@ -34,6 +34,9 @@ initialisation finds them in the imported modules. A cached kernel is reused onl
 PrimFunc structurally equal to the one it was built from, global symbol included, so one
 executable never imports two kernels under one symbol. Only CPU (llvm) targets that are not
 a system library take this path; other targets are built by `relax.build` as before.
+The TIR pipeline here is TVM's default followed by `tir_passes.deinterleave` (strided vector
+loads read as contiguous vectors and a shuffle, the same elements: see that module), so a
+kernel built here computes what `relax.build`'s would, with fewer scalar loads.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from tvm import relax, tirx
 from tvm_ffi import structural_equal, structural_hash
 
 from .machine import physical_cores
+from .tir_passes.deinterleave import TIR_PIPELINE, register_tir_pipeline
 
 # Built kernels kept for reuse, most recent last: (structural hash, target) -> (func, module).
 # A zoo model's compile builds a few hundred distinct kernels; each kept one holds its LLVM
@@ -53,6 +57,7 @@ from .machine import physical_cores
 _KERNELS: "OrderedDict[Tuple[int, str], Tuple[tirx.PrimFunc, tvm.runtime.Module]]" = \
     OrderedDict()
 _KERNEL_CACHE_SIZE = 512
+register_tir_pipeline()  # TVM's TIR lowering, then strided vector loads deinterleaved
 
 
 def _links_kernels(target: tvm.target.Target) -> bool:
@@ -90,7 +95,7 @@ def _build_one(func: tirx.PrimFunc, name: str, target: tvm.target.Target
     """`func` built alone, its machine code generated; None when it cannot be built alone
     (e.g. it calls another function of its module): its module is then built whole."""
     try:
-        lib = tvm.tirx.build(tvm.IRModule({name: func}), target=target)
+        lib = tvm.tirx.build(tvm.IRModule({name: func}), target=target, pipeline=TIR_PIPELINE)
         lib.get_function(name)  # the JIT generates machine code now, in this thread
         return lib
     except Exception:  # pylint: disable=broad-except  # relax.build reports the real error

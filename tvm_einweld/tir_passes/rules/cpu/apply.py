@@ -85,8 +85,11 @@ def cpu_gemm_pipeline(target: Target | str | dict, prepack: bool = True
                       ) -> tvm.transform.Pass:
     """A Relax pipeline for `tvm.compile(mod, target, relax_pipeline=...)`: stock CPU
     legalisation and fusion, our analytic schedules (with compile-time weight packing when
-    `prepack`), then stock lowering. Functions no rule takes keep stock TVM's default."""
+    `prepack`), then stock lowering, the kernels built as the einweld pipeline builds them
+    (`parallel_build.PrebuiltKernels`). Functions no rule takes keep stock TVM's default."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
+
+    from ....parallel_build import PrebuiltKernels  # pylint: disable=import-outside-toplevel
 
     target = target if isinstance(target, Target) else Target(target)
     schedule = prepack_weights(target) if prepack else ApplyCPURules(target)
@@ -97,6 +100,7 @@ def cpu_gemm_pipeline(target: Target | str | dict, prepack: bool = True
             return tvm.transform.Sequential(
                 cpu.library_dispatch_passes(target) + cpu.legalize_passes(target) + [schedule]
                 + cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)
+                + [PrebuiltKernels()]
             )(mod)
 
     return _pipeline

@@ -448,12 +448,12 @@ def _column_stride(index, x_var) -> int:
 
 
 def _vectorize_copy(sch: s_tir.Schedule, producer, target: Target) -> None:
-    """Vectorise the padded input copy along its rows (`injective.vectorize_chunks`: the row
-    loop is cut around the vectors in which the padding condition changes, the row's edges,
-    so that only those run scalar)."""
+    """Vectorise the padded input copy along its rows (`injective.vectorize_segments`: the
+    row loop is cut around the positions where the padding condition changes, the row's
+    edges, so that only those run scalar)."""
     params = injective.cpu_params(target)
     lanes = params.lanes(str(sch.get(producer).writes[0].source.dtype))
-    injective.vectorize_chunks(sch, producer, sch.get_loops(producer)[-1], lanes, params)
+    injective.vectorize_segments(sch, producer, sch.get_loops(producer)[-1], lanes, params)
 
 
 def _producers_of(sch, block, buffer) -> list:

@@ -47,6 +47,10 @@ _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tirx.IterVar kinds
 
+# `vectorize_segments` vectorises a piece of a row as one vector of up to this many registers
+# (a power of two: LLVM's code for a 3-register copy made a depthwise conv 1.6x slower).
+WIDE_VECTORS = 2
+
 
 # ----------------------------------------------------------------------------------- params
 @dataclass(frozen=True)
@@ -348,19 +352,17 @@ def _leaf_blocks_under(sch: s_tir.Schedule, loop) -> list:
     return [b for b in sch.get_child_blocks(loop) if not is_partition_scope(sch.get(b))]
 
 
-def irregular_chunks(sch: s_tir.Schedule, block_rv, chunk_loop, vector_loop, chunks: int,
-                     limit: int) -> list[int] | None:
-    """Chunks (values of `chunk_loop`) in which some condition of the block depends on the
-    vector lane, so the vectoriser would fall back to scalar code there. None: too many chunks to
-    examine (the caller then leaves the loop whole)."""
+def _lane_conditions(sch: s_tir.Schedule, block_rv, lane_loop):
+    """The block's conditions (and predicate) that depend on `lane_loop`, and a function
+    giving, for fixed values of some loops (the others over their ranges), each one's truth
+    value where TVM's analyzer proves it (None where it does not)."""
     block = sch.get(block_rv)
     realize = _get_realize(sch, block_rv)
     atoms = condition_atoms(block)
     predicate = realize.predicate
     if not (isinstance(predicate, tirx.IntImm) and int(predicate) == 1):
         atoms.append(predicate)
-    lane = sch.get(vector_loop).loop_var
-    chunk_var = sch.get(chunk_loop).loop_var
+    lane = sch.get(lane_loop).loop_var
     bindings = dict(zip([iv.var for iv in block.iter_vars], realize.iter_values))
     relevant = []
     for atom in atoms:
@@ -370,26 +372,96 @@ def irregular_chunks(sch: s_tir.Schedule, block_rv, chunk_loop, vector_loop, chu
                 used |= expr_vars(bindings[var])
         if lane in used:
             relevant.append(atom)
+    loops = [sch.get(lp) for lp in sch.get_loops(block_rv)]
+
+    def truths(fixed: dict) -> tuple:
+        analyzer = Analyzer()
+        for lp in loops:
+            value = fixed.get(lp.loop_var)
+            analyzer.bind(lp.loop_var, tirx.const(value, str(lp.loop_var.ty)) if value is not None
+                          else ir.Range.from_min_extent(lp.min, lp.extent))
+        for var, value in bindings.items():
+            analyzer.bind(var, value)
+        return tuple(True if analyzer.can_prove(atom) else
+                     False if analyzer.can_prove(tirx.Not(atom)) else None
+                     for atom in relevant)
+
+    return relevant, truths
+
+
+def irregular_chunks(sch: s_tir.Schedule, block_rv, chunk_loop, vector_loop, chunks: int,
+                     limit: int) -> list[int] | None:
+    """Chunks (values of `chunk_loop`) in which some condition of the block depends on the
+    vector lane, so the vectoriser would fall back to scalar code there. None: too many chunks to
+    examine (the caller then leaves the loop whole)."""
+    relevant, truths = _lane_conditions(sch, block_rv, vector_loop)
     if not relevant:
         return []
     if chunks > limit:
         return None
-    loops = [sch.get(lp) for lp in sch.get_loops(block_rv)]
-    irregular = []
-    for j in range(chunks):
-        analyzer = Analyzer()
-        for lp in loops:
-            if lp.loop_var.same_as(chunk_var):
-                analyzer.bind(lp.loop_var, tirx.const(j, str(lp.loop_var.ty)))
-            else:
-                analyzer.bind(lp.loop_var, ir.Range.from_min_extent(lp.min, lp.extent))
-        for var, value in bindings.items():
-            analyzer.bind(var, value)
-        for atom in relevant:
-            if not (analyzer.can_prove(atom) or analyzer.can_prove(tirx.Not(atom))):
-                irregular.append(j)
-                break
-    return irregular
+    chunk_var = sch.get(chunk_loop).loop_var
+    return [j for j in range(chunks) if None in truths({chunk_var: j})]
+
+
+def regular_segments(sch: s_tir.Schedule, block_rv, run, limit: int
+                     ) -> list[tuple[int, bool]] | None:
+    """Loop `run` cut into consecutive segments (length, regular): in a regular segment every
+    condition of the block that depends on `run` has one value the analyzer proves for all its
+    positions (and all values of the other loops), so vectors inside it need no per-lane
+    condition; the other segments are single positions. None: `run` has no constant extent or
+    is longer than `limit` positions."""
+    extent = loop_extent(sch, run)
+    if extent is None or extent > limit:
+        return None
+    relevant, truths = _lane_conditions(sch, block_rv, run)
+    if not relevant:
+        return [(extent, True)]
+    run_var = sch.get(run).loop_var
+    segments: list[tuple[int, bool]] = []
+    previous = None
+    for position in range(extent):
+        signature = truths({run_var: position})
+        regular = None not in signature
+        if regular and segments and segments[-1][1] and signature == previous:
+            segments[-1] = (segments[-1][0] + 1, True)
+        else:
+            segments.append((1, regular))
+        previous = signature
+    return segments
+
+
+def vectorize_segments(sch: s_tir.Schedule, block_rv, run, lanes: int, params: CpuParams
+                       ) -> None:
+    """Vectorise the innermost loop `run` of `block_rv` at element granularity: cut it into
+    `regular_segments`, each regular one into pieces of whole vectors (1 or
+    `WIDE_VECTORS` registers each, which LLVM splits into register-wide operations) plus one
+    shorter vector, and vectorise the pieces; the positions where a condition changes (a
+    padded row's edges) stay scalar. (`vectorize_chunks` cuts at whole chunks instead: with a
+    padded row of 29 in vectors of 16 both chunks hold an edge, and the whole row ran scalar.)
+    The pieces are vectorised whole because `split` refuses a loop that does not start at 0,
+    as loop_partition's pieces do."""
+    segments = regular_segments(sch, block_rv, run, params.grain.max_irregular_scan)
+    if segments is None:
+        vectorize_chunks(sch, block_rv, run, lanes, params)
+        return
+    pieces: list[tuple[int, bool]] = []
+    for length, regular in segments:
+        while regular and length >= lanes:
+            vectors = min(length // lanes, WIDE_VECTORS)
+            take = lanes * (1 << (vectors.bit_length() - 1))  # a power of two of registers
+            pieces.append((take, True))
+            length -= take
+        if length:
+            pieces.append((length, regular))
+    if len(pieces) == 1:
+        if pieces[0][1] and pieces[0][0] > 1:
+            vectorize_chunks(sch, block_rv, run, lanes, params)
+        return
+    loops = sch.loop_partition(run, [size for size, _ in pieces[:-1]] + [None])
+    for loop, (size, regular) in zip(loops, pieces):
+        if regular and size > 1:
+            for leaf in _leaf_blocks_under(sch, loop):
+                try_vectorize(sch, sch.get_loops(leaf)[-1])
 
 
 def vectorize_chunks(sch: s_tir.Schedule, block_rv, run, lanes: int, params: CpuParams,
