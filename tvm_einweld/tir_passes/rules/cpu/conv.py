@@ -179,10 +179,15 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     # Channels in the lanes: any exact row / column block, mr a multiple of the lanes whose
     # channels all read the same input (not depthwise); two weight vectors at least where
     # such a block fits (one vector per step measured 2x slower in the GEMM kernel), below.
+    # At most half the register file in accumulators: with 28 of 32 (2 weight vectors x 14
+    # positions) a 3x3/s2 conv, 128 ch at 28x28, ran at 339 GFLOP/s on an AVX-512 core pair,
+    # with 14 (2 x 7) at 453, though the register model ranks the first 9 % faster.
     for mr in [d for d in shape.rows_share_data if d % lanes == 0]:
         for yb in [d for d in _divisors(shape.height) if d <= MAX_Y_BLOCK]:
             for xb in _divisors(shape.width):
-                candidates.append(ConvBlock(mr, yb, xb, lanes, channels_in_lanes=True))
+                block = ConvBlock(mr, yb, xb, lanes, channels_in_lanes=True)
+                if block.broadcasts * block.vectors <= isa.registers // 2:
+                    candidates.append(block)
     def best_of(blocks):
         best = None
         for blk in blocks:
@@ -232,7 +237,11 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     rows = best_of(row_blocks)
     row_fill = rows[1].xb / (math.ceil(rows[1].xb / rows[1].lanes) * rows[1].lanes) \
         if rows else 0.0
-    best = channels if channels is not None and row_fill < 0.5 else rows
+    # Otherwise the model decides: on an AVX-512 core 16-lane rows of 14 (7/8 full) lost to
+    # 32 ch x 7 positions by 12-20 % (3x3 convs at 28x28 stride 2, 14x14 dilation 2, 56x56),
+    # as the model predicts; on AVX2 the blocks of the measurements above tie in the model.
+    better = channels is not None and rows is not None and channels[0][0] < rows[0][0]
+    best = channels if channels is not None and (row_fill < 0.5 or better) else rows
     assert best is not None  # mr = yb = xb = 1 always fits
     return best[1]
 
