@@ -91,6 +91,8 @@ CASES = {
     # for its L2 traffic (with 32 KiB of L1 and AVX2: one weight vector x 7 positions).
     "dilated_streams_from_l2": ((1, 128, 14, 14), (32, 128, 3, 3), dict(padding=2,
                                                                            dilation=2)),
+    # Padded rows longer than `injective.MAX_PIECES` pieces: the copy is cut at whole chunks.
+    "depthwise_long_rows": ((1, 4, 3, 901), (4, 1, 3, 3), dict(padding=1, groups=4)),
 }
 
 

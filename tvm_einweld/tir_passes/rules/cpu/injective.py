@@ -48,8 +48,11 @@ _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 DATA_PAR, COMM_REDUCE = 0, 2  # tirx.IterVar kinds
 
 # `vectorize_segments` vectorises a piece of a row as one vector of up to this many registers
-# (a power of two: LLVM's code for a 3-register copy made a depthwise conv 1.6x slower).
+# (a power of two: LLVM's code for a 3-register copy made a depthwise conv 1.6x slower), and
+# cuts a row into at most MAX_PIECES pieces (longer rows lose little to `vectorize_chunks`'s
+# whole edge chunks, and each piece is a loop of its own in the code).
 WIDE_VECTORS = 2
+MAX_PIECES = 12
 
 
 # ----------------------------------------------------------------------------------- params
@@ -433,19 +436,17 @@ def regular_segments(sch: s_tir.Schedule, block_rv, run, limit: int
 def vectorize_segments(sch: s_tir.Schedule, block_rv, run, lanes: int, params: CpuParams
                        ) -> None:
     """Vectorise the innermost loop `run` of `block_rv` at element granularity: cut it into
-    `regular_segments`, each regular one into pieces of whole vectors (1 or
-    `WIDE_VECTORS` registers each, which LLVM splits into register-wide operations) plus one
-    shorter vector, and vectorise the pieces; the positions where a condition changes (a
+    `regular_segments`, each regular one into pieces of whole vectors (a power of two of
+    registers, at most `WIDE_VECTORS`, which LLVM splits into register-wide operations) plus
+    one shorter vector, and vectorise the pieces; the positions where a condition changes (a
     padded row's edges) stay scalar. (`vectorize_chunks` cuts at whole chunks instead: with a
     padded row of 29 in vectors of 16 both chunks hold an edge, and the whole row ran scalar.)
     The pieces are vectorised whole because `split` refuses a loop that does not start at 0,
-    as loop_partition's pieces do."""
-    segments = regular_segments(sch, block_rv, run, params.grain.max_irregular_scan)
-    if segments is None:
-        vectorize_chunks(sch, block_rv, run, lanes, params)
-        return
+    as loop_partition's pieces do. Rows of more than `MAX_PIECES` pieces go to
+    `vectorize_chunks`."""
+    segments = regular_segments(sch, block_rv, run, MAX_PIECES * WIDE_VECTORS * lanes)
     pieces: list[tuple[int, bool]] = []
-    for length, regular in segments:
+    for length, regular in segments or []:
         while regular and length >= lanes:
             vectors = min(length // lanes, WIDE_VECTORS)
             take = lanes * (1 << (vectors.bit_length() - 1))  # a power of two of registers
@@ -453,6 +454,9 @@ def vectorize_segments(sch: s_tir.Schedule, block_rv, run, lanes: int, params: C
             length -= take
         if length:
             pieces.append((length, regular))
+    if not pieces or len(pieces) > MAX_PIECES:
+        vectorize_chunks(sch, block_rv, run, lanes, params)
+        return
     if len(pieces) == 1:
         if pieces[0][1] and pieces[0][0] > 1:
             vectorize_chunks(sch, block_rv, run, lanes, params)
