@@ -89,6 +89,32 @@ def test_strided_loads_against_numpy(stride, lanes, offset):
         assert (strided, shuffles) == (1, 0)
 
 
+@pytest.mark.parametrize("dtype,lanes", [("int8", 32), ("float16", 16), ("float64", 8),
+                                         ("bool", 16)])
+@pytest.mark.parametrize("generic", [False, True])
+def test_other_dtypes_and_the_generic_target(dtype, lanes, generic):
+    """Integer, half, double and boolean lanes; on plain `llvm` (SSE2) too."""
+    n = 3 * lanes
+    size = (n - 1) * 2 + 1
+
+    @T.prim_func(s_tir=True)
+    def func(A: T.Buffer((size,), dtype), B: T.Buffer((n,), dtype)):
+        for r in range(3):
+            for lane in T.vectorized(lanes):
+                with T.sblock("copy"):
+                    v = T.axis.spatial(n, r * lanes + lane)
+                    B[v] = A[v * 2]
+
+    target = tvm.target.Target({"kind": "llvm"}) if generic else TARGET
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                         target=target, pipeline=deinterleave.TIR_PIPELINE)
+    rng = np.random.default_rng(lanes)
+    a = rng.random(size) > 0.5 if dtype == "bool" else (rng.random(size) * 100).astype(dtype)
+    b = tvm.runtime.tensor(np.zeros(n, dtype))
+    lib["main"](tvm.runtime.tensor(a), b)
+    np.testing.assert_array_equal(b.numpy(), a[::2][:n])
+
+
 def test_planted_wrong_lane_map_is_caught(monkeypatch):
     """A plan that takes each lane's neighbour: the kernel still builds and runs, and the
     numeric comparison above fails on it."""
