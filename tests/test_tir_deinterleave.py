@@ -113,6 +113,55 @@ def test_other_dtypes_and_the_generic_target(dtype, lanes, generic):
     b = tvm.runtime.tensor(np.zeros(n, dtype))
     lib["main"](tvm.runtime.tensor(a), b)
     np.testing.assert_array_equal(b.numpy(), a[::2][:n])
+    lower = tvm.tirx.get_tir_pipeline(deinterleave.TIR_PIPELINE)[0]
+    bound = tvm.tirx.transform.BindTarget(target.with_host(target))(
+        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    assert _strided_vector_loads(lower(bound)) == (0, 1)
+
+
+@pytest.mark.parametrize("dtype", ["int4", "float32x4"])
+def test_packed_and_vector_elements_are_left_alone(dtype):
+    """int4 (two to a byte) and vector-typed buffers are addressed otherwise than one element
+    per index: such loads are not rewritten."""
+    load = tirx.BufferLoad(tirx.decl_buffer((64,), dtype, name="A"),
+                           [tirx.Ramp(tirx.IntImm("int32", 0), 2, 8)])
+    assert deinterleave.deinterleave_load(load).same_as(load)
+
+
+def test_a_load_under_address_of_is_left_alone():
+    load = tirx.BufferLoad(tirx.decl_buffer((64,), "float32", name="A"),
+                           [tirx.Ramp(tirx.IntImm("int32", 0), 2, 8)])
+    body = tirx.Evaluate(tirx.address_of(load))
+    mod = tvm.IRModule({"main": tirx.PrimFunc([], body)})
+    assert _strided_vector_loads(deinterleave.DeinterleaveStridedLoads()(mod)) == (1, 0)
+
+
+def test_a_strided_depthwise_conv_reads_no_strided_vectors():
+    """The stride-2 depthwise conv of the conv rule (its column-phase copy, vectorised at
+    element granularity) lowered with the einweld TIR pipeline: its strided loads became
+    shuffles (numerics: test_cpu_rules_conv)."""
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+    from tvm_einweld.tir_passes.rules.cpu import conv
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 24, 24), "float32"))
+    w = relax.const(np.ones((16, 1, 3, 3), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, w, strides=2, padding=1,
+                                                            groups=16)))
+        bb.emit_func_output(out)
+    with TARGET:
+        legal = tvm.transform.Sequential(cpu.legalize_passes(TARGET))(bb.get())
+    (func,) = [f for f in legal.functions.values() if isinstance(f, tirx.PrimFunc)]
+    sch = conv.schedule_conv(func, TARGET)
+    bound = tvm.tirx.transform.BindTarget(TARGET.with_host(TARGET))(
+        tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}))
+    before = _strided_vector_loads(tvm.tirx.get_tir_pipeline("default")[0](bound))
+    after = _strided_vector_loads(
+        tvm.tirx.get_tir_pipeline(deinterleave.TIR_PIPELINE)[0](bound))
+    assert before[0] > 0 and after == (0, before[0])
 
 
 def test_planted_wrong_lane_map_is_caught(monkeypatch):

@@ -36,7 +36,9 @@ executable never imports two kernels under one symbol. Only CPU (llvm) targets t
 a system library take this path; other targets are built by `relax.build` as before.
 The TIR pipeline here is TVM's default followed by `tir_passes.deinterleave` (strided vector
 loads read as contiguous vectors and a shuffle, the same elements: see that module), so a
-kernel built here computes what `relax.build`'s would, with fewer scalar loads.
+kernel built here computes what `relax.build`'s would, with fewer scalar loads. (A kernel
+that fails to build alone, the pass included, is left to `relax.build` and TVM's default
+pipeline, which then reports any real error.)
 """
 from __future__ import annotations
 

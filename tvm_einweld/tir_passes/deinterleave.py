@@ -23,7 +23,9 @@ Why it is correct
   chunk ends at the last lane, it never runs past it), which are both read whenever the load
   is evaluated; the buffer is one contiguous allocation, so the new loads touch only memory
   the original touched the bounds of. Only flattened (1-D) loads are rewritten, after
-  `FlattenBuffer`, with a constant stride in [2, MAX_STRIDE] and constant lanes.
+  `FlattenBuffer`, with a constant stride in [2, MAX_STRIDE], constant lanes and scalar
+  elements of at least a byte (a buffer of vectors, or of int4 packed two to a byte, is
+  addressed otherwise); a load under `address_of` names an address and is left alone.
 
 When: after TVM's whole TIR lowering (`register_tir_pipeline`: the default pipeline, then this
 pass), so that it sees the loads `VectorizeLoop` made. `parallel_build` builds the CPU kernels
@@ -69,6 +71,9 @@ def deinterleave_load(load: ir.TensorLoad) -> tirx.Expr:
     stride, lanes = int(ramp.stride), int(ramp.lanes)
     if not 2 <= stride <= MAX_STRIDE or lanes < MIN_LANES:
         return load
+    element = tvm.runtime.DataType(str(load.ty))
+    if element.lanes != lanes or element.bits < 8:
+        return load  # elements that are vectors themselves, or packed below a byte
     starts, indices = chunk_plan(stride, lanes)
     chunks = [tirx.BufferLoad(load.source, [tirx.Ramp(ramp.base + start, 1, lanes)])
               for start in starts]
@@ -80,7 +85,20 @@ class DeinterleaveStridedLoads:  # pylint: disable=too-few-public-methods
     """Module pass: `deinterleave_load` on every load of every function (lowered TIR)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
-        return structural_map(mod, [(ir.TensorLoad, deinterleave_load)])
+        # A load under address_of names an address, not values: left as it is.
+        addressed: list = []
+
+        def note(call):
+            if isinstance(call.op, ir.Op) and call.op.name == "tirx.address_of":
+                addressed.extend(a for a in call.args if isinstance(a, ir.TensorLoad))
+            return call
+
+        structural_map(mod, [(ir.Call, note)])
+
+        def rewrite(load):
+            return load if any(load.same_as(a) for a in addressed) else deinterleave_load(load)
+
+        return structural_map(mod, [(ir.TensorLoad, rewrite)])
 
 
 def register_tir_pipeline() -> None:

@@ -86,7 +86,8 @@ def cpu_gemm_pipeline(target: Target | str | dict, prepack: bool = True
     """A Relax pipeline for `tvm.compile(mod, target, relax_pipeline=...)`: stock CPU
     legalisation and fusion, our analytic schedules (with compile-time weight packing when
     `prepack`), then stock lowering, the kernels built as the einweld pipeline builds them
-    (`parallel_build.PrebuiltKernels`). Functions no rule takes keep stock TVM's default."""
+    (`parallel_build.PrebuiltKernels`). Functions no rule takes keep stock TVM's default
+    schedule (built the same way)."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # pylint: disable=import-outside-toplevel
 
     from ....parallel_build import PrebuiltKernels  # pylint: disable=import-outside-toplevel

@@ -153,7 +153,8 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     that fit the register file, in each orientation; a block that wastes lanes (xb < lanes)
     pays for a whole vector. Ties go to more accumulators. xb is at most one vector or a whole
     number of vectors: LLVM turns a longer odd-width vector (<56 x float>) into scalar code
-    (measured 10-20x slower). The orientation is then chosen by lane fill (see below).
+    (measured 10-20x slower). The orientation is then chosen by lane fill, or by the
+    model where it ranks the channel orientation ahead (see below).
     Cycles per step are `gemm.micro_cycles`, or, where the block's reduction does not fit L1
     (`caches`, with `shape.window` known), the time its weight and input lines take to come
     from L2 if that is longer (`streamed_cycles`)."""
@@ -179,14 +180,16 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     # Channels in the lanes: any exact row / column block, mr a multiple of the lanes whose
     # channels all read the same input (not depthwise); two weight vectors at least where
     # such a block fits (one vector per step measured 2x slower in the GEMM kernel), below.
-    # At most half the register file in accumulators: with 28 of 32 (2 weight vectors x 14
+    # With 32 registers, at most half of them accumulators: with 28 (2 weight vectors x 14
     # positions) a 3x3/s2 conv, 128 ch at 28x28, ran at 339 GFLOP/s on an AVX-512 core pair,
-    # with 14 (2 x 7) at 453, though the register model ranks the first 9 % faster.
+    # with 14 (2 x 7) at 453, though the register model ranks the first 9 % faster. (Not
+    # measured on 16-register files, where the fit test alone decides, as before.)
+    cap = isa.registers // 2 if isa.registers >= 32 else isa.registers
     for mr in [d for d in shape.rows_share_data if d % lanes == 0]:
         for yb in [d for d in _divisors(shape.height) if d <= MAX_Y_BLOCK]:
             for xb in _divisors(shape.width):
                 block = ConvBlock(mr, yb, xb, lanes, channels_in_lanes=True)
-                if block.broadcasts * block.vectors <= isa.registers // 2:
+                if block.broadcasts * block.vectors <= cap:
                     candidates.append(block)
     def best_of(blocks):
         best = None

@@ -445,25 +445,32 @@ def vectorize_segments(sch: s_tir.Schedule, block_rv, run, lanes: int, params: C
     as loop_partition's pieces do. Rows of more than `MAX_PIECES` pieces go to
     `vectorize_chunks`."""
     segments = regular_segments(sch, block_rv, run, MAX_PIECES * WIDE_VECTORS * lanes)
-    pieces: list[tuple[int, bool]] = []
+    pieces: list[tuple[int, bool]] = []  # (length, vectorised)
+
+    def add(length: int, vector: bool) -> None:
+        if not vector and pieces and not pieces[-1][1]:  # neighbouring scalar positions: one loop
+            pieces[-1] = (pieces[-1][0] + length, False)
+        else:
+            pieces.append((length, vector))
+
     for length, regular in segments or []:
         while regular and length >= lanes:
             vectors = min(length // lanes, WIDE_VECTORS)
             take = lanes * (1 << (vectors.bit_length() - 1))  # a power of two of registers
-            pieces.append((take, True))
+            add(take, True)
             length -= take
         if length:
-            pieces.append((length, regular))
+            add(length, regular and length > 1)
     if not pieces or len(pieces) > MAX_PIECES:
         vectorize_chunks(sch, block_rv, run, lanes, params)
         return
     if len(pieces) == 1:
-        if pieces[0][1] and pieces[0][0] > 1:
+        if pieces[0][1]:
             vectorize_chunks(sch, block_rv, run, lanes, params)
         return
     loops = sch.loop_partition(run, [size for size, _ in pieces[:-1]] + [None])
-    for loop, (size, regular) in zip(loops, pieces):
-        if regular and size > 1:
+    for loop, (_, vector) in zip(loops, pieces):
+        if vector:
             for leaf in _leaf_blocks_under(sch, loop):
                 try_vectorize(sch, sch.get_loops(leaf)[-1])
 
