@@ -43,19 +43,21 @@ def run(mod, x, pipeline):
 
 
 def numpy_conv2d(x, w, stride=1, pad=0, dilation=1, groups=1):
+    """NCHW conv2d; stride, pad and dilation an int or (rows, columns)."""
+    (sh, sw), (ph, pw), (dh, dw) = (v if isinstance(v, tuple) else (v, v)
+                                    for v in (stride, pad, dilation))
     n, c, h, wd = x.shape
     f, cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh = (h + 2 * pad - dilation * (kh - 1) - 1) // stride + 1
-    ow = (wd + 2 * pad - dilation * (kw - 1) - 1) // stride + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     out = np.zeros((n, f, oh, ow), x.dtype)
     fg = f // groups
     for g in range(groups):
         xs = xp[:, g * cg:(g + 1) * cg]
         for i in range(kh):
             for j in range(kw):
-                win = xs[:, :, i * dilation: i * dilation + stride * oh: stride,
-                         j * dilation: j * dilation + stride * ow: stride]
+                win = xs[:, :, i * dh: i * dh + sh * oh: sh, j * dw: j * dw + sw * ow: sw]
                 out[:, g * fg:(g + 1) * fg] += np.einsum("nchw,fc->nfhw", win,
                                                          w[g * fg:(g + 1) * fg, :, i, j])
     return out
@@ -93,6 +95,15 @@ CASES = {
     # for its L2 traffic (with 32 KiB of L1 and AVX2: one weight vector x 7 positions).
     "dilated_streams_from_l2": ((1, 128, 14, 14), (32, 128, 3, 3), dict(padding=2,
                                                                            dilation=2)),
+    # Kernel width 1, stride 1: output rows as one axis of positions (`_flat_positions`),
+    # tiles of positions crossing the ends of rows (28 x 28 = 49 x 16; 13 x 11); over a
+    # batch, with row dilation, channels in the lanes; a row stride keeps the rows.
+    "15x1_flat_positions": ((1, 16, 28, 28), (21, 16, 15, 1), dict(padding=(7, 0))),
+    "7x1_flat_odd": ((1, 5, 13, 11), (21, 5, 7, 1), dict(padding=(3, 0))),
+    "5x1_flat_batch": ((2, 8, 20, 24), (12, 8, 5, 1), dict(padding=(2, 0))),
+    "5x1_flat_dilated": ((2, 8, 20, 24), (12, 8, 5, 1), dict(padding=(4, 0), dilation=(2, 1))),
+    "7x1_flat_channels_in_lanes": ((1, 32, 7, 7), (64, 32, 7, 1), dict(padding=(3, 0))),
+    "3x1_stride2_rows": ((1, 8, 16, 16), (12, 8, 3, 1), dict(padding=(1, 0), strides=(2, 1))),
     # Padded rows longer than `injective.MAX_PIECES` pieces: the copy is cut at whole chunks.
     "depthwise_long_rows": ((1, 4, 3, 901), (4, 1, 3, 3), dict(padding=1, groups=4)),
 }
@@ -379,6 +390,32 @@ def test_the_padded_copy_is_vectorised_along_its_rows(name):
     lowered = tvm.tirx.get_tir_pipeline("default")[0](mod).script()
     # VectorizeLoop names a loop it turned back into scalar code `<lane>_s`.
     assert not re.search(r"for [\w, ]*\w_s\b", lowered), lowered
+
+
+@pytest.mark.parametrize("name,flat", [("15x1_flat_positions", True), ("7x1_flat_odd", False),
+                                       ("3x1_stride2_rows", False), ("3x3", False)])
+def test_positions_replace_rows_only_where_they_fill_lanes(name, flat):
+    """Kernel width 1 and stride 1, rows of 28 (blocks of 14 fill 14 of 16 lanes),
+    28 x 28 positions whole vectors: positions. 13 x 11 positions fill no whole vector, a row
+    stride breaks contiguity, a 3-wide kernel reads columns: rows (numerics for all:
+    `test_conv2d_against_numpy`)."""
+    func = _legalized_conv(name)
+    sch = tvm.s_tir.Schedule(func)
+    block = conv.gemm.find_gemm_block(sch)
+    data_index, _, shape = conv._match(sch, block)
+    isa = conv.vector_isa(TARGET)
+    assert conv._flat_positions(sch, block, data_index, shape, isa.lanes) == flat
+
+
+def test_multi_vector_rows_are_a_power_of_two_of_vectors():
+    """784 positions x 21 channels: 112 = 7 vectors of positions had been the model's pick
+    (30x slower: LLVM's code for a 7-register vector); only 1, 2, 4... vectors now."""
+    isa = VectorISA(512, 32, True, masked=True)
+    shape = conv.ConvShape(1, 21, 1, 784, "float32", (1, 3, 7, 21),
+                           conv.ConvWindow(128, (15, 1), (1, 1), (1, 1)))
+    blk = conv.choose_conv_block(isa, shape, conv.gemm.CacheSizes(48 * 1024, 1024 * 1024))
+    vectors = -(-blk.xb // blk.lanes)
+    assert vectors & (vectors - 1) == 0, blk
 
 
 def test_narrowed_vector_unit():

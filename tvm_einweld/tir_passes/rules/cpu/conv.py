@@ -39,6 +39,13 @@ vectors along the contiguous output row):
    or, on small feature maps whose rows would leave the lanes more than half empty, mr
    output channels (the accumulator is then stored channels-innermost). A `local`
    cache-write is the accumulator; the write-back carries the epilogue.
+   With kernel width 1 and stride 1 (GCN's 15x1 convolutions) whose rows leave lanes empty
+   (14 of 16), the block iterates positions p = y * W + x instead of rows and columns
+   (`_flat_positions`): position p reads the data at p + ky * dilation * W, contiguous
+   across row ends. Its tiles are written back into a copy of the output indexed by
+   position, then copied out with the epilogue in one pass (a (row, column) write-back of a
+   tile that crosses a row end covers whole rows: TVM copied positions the tile never
+   computed).
 
 Block sizes come from the GEMM model (`gemm.micro_cycles`, `gemm.fits_registers`): one code
 path sizes both kernel classes. mr divides F and yb, xb divide the output height / width, so
@@ -57,7 +64,7 @@ when that pass left it alone (dilation, dynamic shapes).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import tvm
@@ -162,8 +169,8 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     candidates = []
     mrs = [d for d in shape.rows_share_data if d <= isa.registers]
     for xb in _divisors(shape.width):
-        if xb > lanes and xb % lanes:
-            continue
+        if xb > lanes and (xb % lanes or (xb // lanes) & (xb // lanes - 1)):
+            continue  # several vectors: a power of two of them (7 measured 30x slower)
         xv = math.ceil(xb / lanes)
         if xv >= isa.registers:
             continue
@@ -468,6 +475,27 @@ def _vectorize_copy(sch: s_tir.Schedule, producer, target: Target) -> None:
     injective.vectorize_segments(sch, producer, sch.get_loops(producer)[-1], lanes, params)
 
 
+def _flat_positions(sch: s_tir.Schedule, conv, data_index: int, shape: ConvShape,
+                    lanes_of) -> bool:
+    """Whether the output rows can run as one axis of positions p = y * W + x: kernel width 1
+    and stride 1 in both directions, and data rows (after padding) as wide as the output
+    rows, so the data is read at column x and row y + ky * dilation, i.e. position p reads
+    element p + ky * dilation * W of its channel: contiguous across the ends of output rows.
+    Vectors of positions then fill every lane where rows alone do not (GCN's 15x1
+    convolutions: 56-wide rows fill 14 of 16 lanes, 56 x 56 positions are 196 vectors)."""
+    window = shape.window
+    if window is None or window.kernel[1] != 1 or tuple(window.stride) != (1, 1):
+        return False
+    data = sch.get(conv).reads[data_index].source
+    if len(data.shape) != 4 or gemm._static(data.shape[-1]) != shape.width:
+        return False
+    # Only where it fills lanes the rows leave empty (a 14x14 map is 196 positions, no
+    # whole vector either; 112-wide rows are whole vectors already, and measured 4 % slower
+    # as positions).
+    lanes = lanes_of(shape.dtype)
+    return shape.width % lanes != 0 and shape.height * shape.width % lanes == 0
+
+
 def _producers_of(sch, block, buffer) -> list:
     return [p for p in sch.get_producers(block)
             if any(w.source.same_as(buffer) for w in sch.get(p).writes)]
@@ -492,7 +520,11 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     if found is None:
         return None
     data_index, weight_index, shape = found
+    width = shape.width
     isa = vector_isa(target)
+    flat = _flat_positions(sch, conv, data_index, shape, isa.lanes)
+    if flat:
+        shape = replace(shape, height=1, width=shape.height * shape.width)
     block = block or choose_conv_block(isa, shape, gemm.cache_sizes(target))
     mr = block.mr
 
@@ -530,7 +562,12 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             except s_tir.ScheduleError:  # odd width: the phases are padded, not a bijection
                 pass
 
-    # 3. Tiles and register block.
+    # 3. Tiles and register block (output rows as one axis of positions where `flat`).
+    if flat:  # the block's own iterators become (n, f, p, reduction...), p = y * W + x
+        sch.transform_block_layout(conv, tirx.IndexMap.from_func(
+            lambda n_, f_, y_, x_, *r: (n_, f_, y_ * width + x_, *r),
+            ndim=len(sch.get(conv).iter_vars)))
+        sch.split(sch.get_loops(conv)[2], [1, None])
     loops = sch.get_loops(conv)
     n, f, y, x, reduction = loops[0], loops[1], loops[2], loops[3], loops[4:]
     y_tile, y_reg = sch.split(y, [None, block.yb])
@@ -543,10 +580,22 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         f_tile, f_reg = sch.split(f, [None, mr])
         sch.reorder(n, f_tile, y_tile, x_tile, *reduction, f_reg, y_reg, x_reg)
         unrolled, lane = (f_reg, y_reg), x_reg
+    staging = None
+    if flat:
+        # Positions as one index of a staging copy of the output: a tile of positions that
+        # crosses the end of an output row writes back exactly its positions (by (row,
+        # column) its region's bounding box spans whole rows, and TVM's write-back copied
+        # the neighbouring tiles' positions from an accumulator that never held them:
+        # measured wrong). One pass then copies the staging buffer into the output, with
+        # the epilogue.
+        staging = sch.cache_write(conv, 0, "global")
+        sch.transform_layout(conv, ("write", 0),
+                             lambda n_, f_, y_, x_: (n_, f_, y_ * width + x_))
     accumulator = sch.cache_write(conv, 0, gemm.accumulator_scope(
         block.mr * block.yb * block.xb, shape.dtype))
     if block.channels_in_lanes:  # the accumulator keeps channels innermost, like its lanes
-        sch.transform_layout(conv, ("write", 0), lambda n_, f_, y_, x_: (n_, y_, x_, f_))
+        sch.transform_layout(conv, ("write", 0), (lambda n_, f_, p_: (n_, p_, f_)) if flat
+                             else (lambda n_, f_, y_, x_: (n_, y_, x_, f_)))
     cores = gemm.target_cores(target)
     if shape.depthwise and len(producers) == 1 and shape.batch * shape.channels >= 2 * cores:
         # Each channel reads only its own plane: pad it inside the channel's parallel
@@ -572,7 +621,14 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             sch.parallel(sch.fuse(*sch.get_loops(producer)[:2]))
             _vectorize_copy(sch, producer, target)
     sch.reverse_compute_at(accumulator, tile, preserve_unit_loops=True)
-    gemm._inline_consumers(sch, accumulator)
+    if staging is None:
+        gemm._inline_consumers(sch, accumulator)
+    else:
+        gemm._inline_consumers(sch, staging)
+        copy = sch.get_loops(staging)
+        sch.parallel(sch.fuse(*copy[:2]))
+        params = injective.cpu_params(target)
+        injective.vectorize_chunks(sch, staging, copy[-1], params.lanes(shape.dtype), params)
     for loop in unrolled:
         sch.unroll(loop)
     sch.vectorize(lane)
