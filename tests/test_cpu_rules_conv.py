@@ -404,7 +404,7 @@ def test_positions_replace_rows_only_where_they_fill_lanes(name, flat):
     block = conv.gemm.find_gemm_block(sch)
     data_index, _, shape = conv._match(sch, block)
     isa = conv.vector_isa(TARGET)
-    assert conv._flat_positions(sch, block, data_index, shape, isa.lanes) == flat
+    assert conv._flat_positions(sch, block, data_index, shape, isa.lanes(shape.dtype)) == flat
 
 
 def test_multi_vector_rows_are_a_power_of_two_of_vectors():

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import tvm
 from tvm import ir, tirx
-from tvm_ffi import structural_map
+from tvm_ffi import structural_mutate
 
 # Strides rewritten: a stride s costs about s vector loads and s - 1 two-source permutes per
 # L lanes, against L scalar loads and inserts; beyond a few the permute chain gains little.
@@ -85,20 +85,15 @@ class DeinterleaveStridedLoads:  # pylint: disable=too-few-public-methods
     """Module pass: `deinterleave_load` on every load of every function (lowered TIR)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
-        # A load under address_of names an address, not values: left as it is.
-        addressed: list = []
+        def call(node, mutator):  # a load under address_of names an address: not descended
+            if isinstance(node.op, ir.Op) and node.op.name == "tirx.address_of":
+                return node
+            return mutator.default_mutate(node)
 
-        def note(call):
-            if isinstance(call.op, ir.Op) and call.op.name == "tirx.address_of":
-                addressed.extend(a for a in call.args if isinstance(a, ir.TensorLoad))
-            return call
+        def load(node, mutator):  # its indices first (a load may index by a load)
+            return deinterleave_load(mutator.default_mutate(node))
 
-        structural_map(mod, [(ir.Call, note)])
-
-        def rewrite(load):
-            return load if any(load.same_as(a) for a in addressed) else deinterleave_load(load)
-
-        return structural_map(mod, [(ir.TensorLoad, rewrite)])
+        return structural_mutate(mod, [(ir.Call, call), (ir.TensorLoad, load)])
 
 
 def register_tir_pipeline() -> None:

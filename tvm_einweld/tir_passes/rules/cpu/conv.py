@@ -476,7 +476,7 @@ def _vectorize_copy(sch: s_tir.Schedule, producer, target: Target) -> None:
 
 
 def _flat_positions(sch: s_tir.Schedule, conv, data_index: int, shape: ConvShape,
-                    lanes_of) -> bool:
+                    lanes: int) -> bool:
     """Whether the output rows can run as one axis of positions p = y * W + x: kernel width 1
     and stride 1 in both directions, and data rows (after padding) as wide as the output
     rows, so the data is read at column x and row y + ky * dilation, i.e. position p reads
@@ -492,7 +492,6 @@ def _flat_positions(sch: s_tir.Schedule, conv, data_index: int, shape: ConvShape
     # Only where it fills lanes the rows leave empty (a 14x14 map is 196 positions, no
     # whole vector either; 112-wide rows are whole vectors already, and measured 4 % slower
     # as positions).
-    lanes = lanes_of(shape.dtype)
     return shape.width % lanes != 0 and shape.height * shape.width % lanes == 0
 
 
@@ -522,7 +521,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     data_index, weight_index, shape = found
     width = shape.width
     isa = vector_isa(target)
-    flat = _flat_positions(sch, conv, data_index, shape, isa.lanes)
+    flat = _flat_positions(sch, conv, data_index, shape, isa.lanes(shape.dtype))
     if flat:
         shape = replace(shape, height=1, width=shape.height * shape.width)
     block = block or choose_conv_block(isa, shape, gemm.cache_sizes(target))
@@ -625,10 +624,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         gemm._inline_consumers(sch, accumulator)
     else:
         gemm._inline_consumers(sch, staging)
-        copy = sch.get_loops(staging)
-        sch.parallel(sch.fuse(*copy[:2]))
-        params = injective.cpu_params(target)
-        injective.vectorize_chunks(sch, staging, copy[-1], params.lanes(shape.dtype), params)
+        injective.schedule_spatial_block(sch, staging, injective.cpu_params(target))
     for loop in unrolled:
         sch.unroll(loop)
     sch.vectorize(lane)
