@@ -178,6 +178,38 @@ def test_long_rows_use_several_accumulators():
     check(lambda x: R.max(x, axis=[-1]), lambda x: x.max(-1), [(2, 1024)])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_partials_combine_by_halving(dtype):
+    """The rf block's k x lanes partial results are combined by halving (one vector operation
+    a level), not by one serial scalar chain: every reduction left in the scheduled function
+    runs over at most 2 partials, or over the row's chunks (the rf blocks themselves); the
+    numerics hold for sums (re-associated) and max (exact), in float32 and float64."""
+    for fn, ref, shapes in [
+            (lambda x, g, b: R.nn.layer_norm(x, g, b, axes=[-1]), _layer_norm,
+             [(3, 768), (768,), (768,)]),
+            (lambda x: R.nn.softmax(x, axis=-1), _softmax, [(5, 128)]),
+            (lambda x: R.max(x, axis=[-1]), lambda x: x.max(-1), [(2, 1024)])]:
+        if dtype == "float64" and len(shapes) == 3:
+            continue  # stock layer_norm legalisation is float32/16 only
+        func = _legalised(fn, shapes, dtype)
+        sch = reduction.schedule_reduction(func, TARGET)
+        assert sch is not None
+        blocks = [sch.get(rv) for _, rv in reduction._leaf_blocks(sch)]
+        combines = [b for b in blocks if not b.name_hint.endswith("_rf")
+                    and any(int(iv.iter_type) == 2 for iv in b.iter_vars)]
+        assert combines and all(_reduce_extent(b) <= 2 for b in combines), \
+            [(b.name_hint, _reduce_extent(b)) for b in combines]
+        check(fn, ref, shapes, dtype, rtol=2e-5, atol=2e-5)
+
+
+def _reduce_extent(block) -> int:
+    extent = 1
+    for iv in block.iter_vars:
+        if int(iv.iter_type) == 2:
+            extent *= int(iv.dom.extent)
+    return extent
+
+
 def _legalised(fn, shapes, dtype="float32"):
     mod = relax.transform.LegalizeOps()(_module(fn, shapes, dtype))
     return [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)][0]
