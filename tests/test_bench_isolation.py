@@ -227,3 +227,50 @@ def test_cpu_lists_and_physical_cores() -> None:
     assert _parse_cpu_list("0-3,6,8-9\n") == [0, 1, 2, 3, 6, 8, 9]
     assert 1 <= physical_cores() <= len(usable_cpus())
     assert physical_cores([]) == 1
+
+
+@pytest.mark.parametrize("shape,dtype", [((1, 3, 7, 5), "float32"), ((13,), "int64"),
+                                         ((2, 1, 3), "float64"), ((0, 4), "float32")])
+def test_inputs_are_aligned_copies(shape, dtype):
+    """Every runner's inputs start 64-byte aligned (`aligned`), equal to what was sent, from
+    an unaligned or non-contiguous source too."""
+    from tvm_einweld.bench.isolation import INPUT_ALIGNMENT, aligned
+
+    raw = np.arange(int(np.prod(shape)) * 2 + 1).astype(dtype)
+    source = raw[1::2].reshape(shape)  # strided and (for most dtypes) unaligned
+    out = aligned(source)
+    assert out.flags.c_contiguous
+    assert out.ctypes.data % INPUT_ALIGNMENT == 0 or out.size == 0  # no data to align
+    assert out.dtype == source.dtype and out.shape == source.shape
+    np.testing.assert_array_equal(out, source)
+
+
+def test_vm_input_reads_aligned_arrays_in_place_and_copies_others():
+    """`vm_input` hands TVM the array itself where it can (a later write to the array shows
+    through), a copy elsewhere (unaligned, strided); a module run on either gives numpy's
+    answer and leaves the input unchanged."""
+    import tvm
+    from tvm import relax
+    from tvm_einweld.bench.isolation import aligned
+    from tvm_einweld.bench.runners import host_target, vm_input
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 37), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.add(x, x))))
+        bb.emit_func_output(out)
+    main = relax.VirtualMachine(tvm.compile(bb.get(), host_target()), tvm.cpu())["main"]
+    rng = np.random.default_rng(3)
+    inplace = aligned(rng.standard_normal((3, 37)).astype("float32"))
+    tensor = vm_input(inplace)
+    inplace[0, 0] = 5.0
+    assert tensor.numpy()[0, 0] == 5.0  # the same memory
+    unaligned = np.empty(3 * 37 + 1, "float32")[1:].reshape(3, 37)
+    unaligned[...] = rng.standard_normal((3, 37))
+    strided = rng.standard_normal((3, 74)).astype("float32")[:, ::2]
+    for array in (inplace, unaligned, strided):
+        before = array.copy()
+        np.testing.assert_allclose(main(vm_input(array)).numpy(), np.maximum(2 * array, 0),
+                                   rtol=1e-6)
+        np.testing.assert_array_equal(array, before)

@@ -470,9 +470,10 @@ def run_tvm(executable, inputs: dict[str, np.ndarray], input_names: Sequence[str
     import tvm  # pylint: disable=import-outside-toplevel
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
+    from ..bench.runners import vm_input  # pylint: disable=import-outside-toplevel
+
     main = relax.VirtualMachine(executable, tvm.cpu())["main"]
-    args = [tvm.runtime.tensor(np.require(inputs[n], requirements="C")) for n in input_names]
-    return flatten_outputs(main(*args))
+    return flatten_outputs(main(*[vm_input(inputs[n]) for n in input_names]))
 
 
 def flatten_outputs(result) -> list[np.ndarray]:
