@@ -46,7 +46,7 @@ def strided_copy(stride: int, lanes: int, rows: int, offset: int) -> tirx.PrimFu
 
 
 def _strided_vector_loads(mod) -> tuple[int, int]:
-    """(strided vector loads, shuffles) in a lowered module."""
+    """(strided vector loads, deinterleaving shuffles) in a lowered module."""
     counts = [0, 0]
 
     def load(node):
@@ -55,8 +55,10 @@ def _strided_vector_loads(mod) -> tuple[int, int]:
             counts[0] += 1
         return node
 
-    def shuffle(node):
-        counts[1] += 1
+    def shuffle(node):  # not widen_loads' prefix of one wider load
+        prefix = len(node.vectors) == 1 and \
+            [int(i) for i in node.indices] == list(range(len(node.indices)))
+        counts[1] += not prefix
         return node
 
     structural_map(mod, [(ir.TensorLoad, load), (tirx.Shuffle, shuffle)])

@@ -105,7 +105,9 @@ def register_tir_pipeline() -> None:
 
     def factory():
         lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
-        return (tvm.transform.Sequential([lower, DeinterleaveStridedLoads()],
+        from .widen_loads import WidenPartialLoads  # pylint: disable=import-outside-toplevel
+
+        return (tvm.transform.Sequential([lower, DeinterleaveStridedLoads(), WidenPartialLoads()],
                                          name="einweld_tir"), finalize_host, finalize_device)
 
     tvm.tirx.compilation_pipeline.register_tir_pipeline(TIR_PIPELINE, factory)
