@@ -35,8 +35,10 @@ PrimFunc structurally equal to the one it was built from, global symbol included
 executable never imports two kernels under one symbol. Only CPU (llvm) targets that are not
 a system library take this path; other targets are built by `relax.build` as before.
 The TIR pipeline here is TVM's default followed by `tir_passes.deinterleave` (strided vector
-loads read as contiguous vectors and a shuffle, the same elements: see that module), so a
-kernel built here computes what `relax.build`'s would, with fewer scalar loads. (A kernel
+loads read as contiguous vectors and a shuffle, the same elements: see that module) and
+`tir_passes.widen_loads` (partial vector loads read as one wider load, where it provably stays
+inside the buffer, and a shuffle), so a kernel built here computes what `relax.build`'s would,
+with fewer loads. (A kernel
 that fails to build alone, the pass included, is left to `relax.build` and TVM's default
 pipeline, which then reports any real error.)
 """
@@ -59,7 +61,7 @@ from .tir_passes.deinterleave import TIR_PIPELINE, register_tir_pipeline
 _KERNELS: "OrderedDict[Tuple[int, str], Tuple[tirx.PrimFunc, tvm.runtime.Module]]" = \
     OrderedDict()
 _KERNEL_CACHE_SIZE = 512
-register_tir_pipeline()  # TVM's TIR lowering, then strided vector loads deinterleaved
+register_tir_pipeline()  # TVM's TIR lowering, then deinterleave and widen_loads
 
 
 def _links_kernels(target: tvm.target.Target) -> bool:

@@ -28,7 +28,7 @@ Why it is correct
   addressed otherwise); a load under `address_of` names an address and is left alone.
 
 When: after TVM's whole TIR lowering (`register_tir_pipeline`: the default pipeline, then this
-pass), so that it sees the loads `VectorizeLoop` made. `parallel_build` builds the CPU kernels
+pass and `widen_loads`), so that it sees the loads `VectorizeLoop` made. `parallel_build` builds the CPU kernels
 with that pipeline.
 """
 from __future__ import annotations
@@ -98,7 +98,8 @@ class DeinterleaveStridedLoads:  # pylint: disable=too-few-public-methods
 
 def register_tir_pipeline() -> None:
     """Register `TIR_PIPELINE` ("einweld") for `tvm.tirx.build(..., pipeline=...)`: TVM's
-    default TIR pipeline, then `DeinterleaveStridedLoads` (idempotent)."""
+    default TIR pipeline, then `DeinterleaveStridedLoads` and `widen_loads.WidenPartialLoads`
+    (idempotent)."""
     pipelines = tvm.tirx.compilation_pipeline.PIPELINE_MAP
     if TIR_PIPELINE in pipelines:
         return
