@@ -55,10 +55,10 @@ def _strided_vector_loads(mod) -> tuple[int, int]:
             counts[0] += 1
         return node
 
-    def shuffle(node):  # not widen_loads' prefix of one wider load
-        prefix = len(node.vectors) == 1 and \
-            [int(i) for i in node.indices] == list(range(len(node.indices)))
-        counts[1] += not prefix
+    def shuffle(node):  # of several chunks (widen_loads' take one vector, or one and zeros)
+        chunks = [v for v in node.vectors
+                  if not isinstance(v, (tirx.Broadcast, tirx.IntImm, tirx.FloatImm))]
+        counts[1] += len(chunks) > 1
         return node
 
     structural_map(mod, [(ir.TensorLoad, load), (tirx.Shuffle, shuffle)])

@@ -16,6 +16,7 @@ from tvm_einweld.tir_passes.rules.cpu.isa import vector_isa
 
 TARGET = host_target()
 LANES = vector_isa(TARGET).lanes("float32")
+MASKED = vector_isa(TARGET).masked  # AVX-512: partial loads and stores under a lane mask
 
 
 @pytest.mark.parametrize("lanes,register,expect", [(14, 16, 16), (12, 16, 16), (7, 16, 8),
@@ -43,25 +44,45 @@ def row_copy(width: int, rows: int, pitch: int, tail: int = 0, dtype: str = "flo
     return func.with_attr("global_symbol", "main")
 
 
-def _loads(mod) -> tuple[int, int]:
-    """(widened loads, partial loads left) in a lowered module: a widened load is a shuffle
-    taking a prefix of one wider load."""
-    counts = [0, 0]
+def _accesses(mod) -> dict:
+    """Counts in a lowered module: "wide" loads (a prefix shuffle of one whole-register
+    load), "masked" loads and "stores" (tirx.masked_*), "partial" loads and stores left."""
+    counts = dict(wide=0, masked=0, stores=0, partial=0, partial_stores=0)
+
+    def partial(indices) -> bool:
+        index = indices[0] if len(indices) == 1 else None
+        return isinstance(index, tirx.Ramp) and bool(int(index.lanes) & (int(index.lanes) - 1))
 
     def shuffle(node):
-        if len(node.vectors) == 1 and \
-                [int(i) for i in node.indices] == list(range(len(node.indices))):
-            counts[0] += 1
+        inner = node.vectors[0]
+        if len(node.vectors) == 1 and isinstance(inner, ir.TensorLoad):
+            counts["wide"] += 1
+        return node
+
+    def call(node):
+        if isinstance(node.op, ir.Op) and node.op.name == "tirx.masked_load":
+            counts["masked"] += 1
+        if isinstance(node.op, ir.Op) and node.op.name == "tirx.masked_store":
+            counts["stores"] += 1
         return node
 
     def load(node):
-        index = node.indices[0] if len(node.indices) == 1 else None
-        if isinstance(index, tirx.Ramp) and int(index.lanes) & (int(index.lanes) - 1):
-            counts[1] += 1
+        counts["partial"] += partial(node.indices)
         return node
 
-    structural_map(mod, [(tirx.Shuffle, shuffle), (ir.TensorLoad, load)])
-    return counts[0], counts[1]
+    def store(node):
+        counts["partial_stores"] += partial(node.indices)
+        return node
+
+    structural_map(mod, [(tirx.Shuffle, shuffle), (ir.Call, call), (ir.TensorLoad, load),
+                         (tirx.BufferStore, store)])
+    return counts
+
+
+def _loads(mod) -> tuple[int, int]:
+    """(loads widened, by a whole-register or a masked load; partial loads left)."""
+    counts = _accesses(mod)
+    return counts["wide"] + counts["masked"], counts["partial"]
 
 
 def _lowered(func, target=TARGET):
@@ -89,11 +110,17 @@ def test_rows_against_numpy(width, tail, dtype):
     expect = np.stack([a[r * pitch:r * pitch + width] for r in range(rows)]) + 1
     np.testing.assert_array_equal(b.numpy(), expect.astype(dtype))
     wide = widen_loads.widened_lanes(width, vector_isa(TARGET).lanes(dtype))
-    widened, partial = _loads(_lowered(func))
+    counts = _accesses(_lowered(func))
     if wide is None:
-        assert widened == 0
+        assert counts["wide"] == counts["masked"] == counts["stores"] == 0
+    elif wide - width <= tail:  # room after every row: a whole-register load
+        assert (counts["wide"], counts["masked"], counts["partial"]) == (1, 0, 0)
+    elif MASKED:  # else under a mask, where the target has masked loads
+        assert (counts["wide"], counts["masked"], counts["partial"]) == (0, 1, 0)
     else:
-        assert (widened, partial) == ((1, 0) if wide - width <= tail else (0, 1))
+        assert (counts["wide"], counts["masked"], counts["partial"]) == (0, 0, 1)
+    if wide is not None:  # B's partial rows: stored under a mask where there are masks
+        assert (counts["stores"], counts["partial_stores"]) == ((1, 0) if MASKED else (0, 1))
 
 
 def test_loads_widen_row_by_row_where_each_fits():
@@ -111,7 +138,9 @@ def test_loads_widen_row_by_row_where_each_fits():
                     B[vr, vx] = A[vr * pitch + vx]
 
     func = func.with_attr("global_symbol", "main")
-    assert _loads(_lowered(func)) == (rows - 1, 1)
+    counts = _accesses(_lowered(func))
+    assert counts["wide"] == rows - 1  # the last row's reaches past A: masked, or left
+    assert (counts["masked"], counts["partial"]) == ((1, 0) if MASKED else (0, 1))
     lib = tvm.tirx.build(tvm.IRModule({"main": func}), target=TARGET,
                          pipeline=deinterleave.TIR_PIPELINE)
     a = np.arange(rows * pitch - (pitch - width), dtype="float32")
@@ -134,11 +163,13 @@ def test_the_generic_target_and_address_of():
 
 
 def test_planted_unchecked_bound_is_caught(monkeypatch):
-    """A bound check that proves everything widens the last row's load past A's end: the
-    structural assertion of test_rows_against_numpy (0 widened where the last row cannot
-    widen) fails on it."""
+    """A bound check that proves everything reads the last row's load as a whole register past
+    A's end (instead of under a mask, or not at all): the structural assertion of
+    test_rows_against_numpy (no whole-register load where the last row has no room) fails."""
+    func = row_copy(LANES - 2, 5, 2 * LANES, tail=0)
+    assert _accesses(_lowered(func))["wide"] == 0  # as test_rows_against_numpy asserts
     monkeypatch.setattr(widen_loads.Analyzer, "can_prove", lambda self, expr, *a: True)
-    assert _loads(_lowered(row_copy(LANES - 2, 5, 2 * LANES, tail=0))) != (0, 1)
+    assert _accesses(_lowered(func))["wide"] == 1
 
 
 @pytest.mark.parametrize("channels,size,stride", [(24, 28, 1), (8, 14, 1), (5, 13, 2)])

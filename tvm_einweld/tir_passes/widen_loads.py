@@ -1,37 +1,41 @@
-"""Partial vector loads as whole-register loads plus a shuffle: a TIR pass for CPU code generation.
+"""Partial vector loads and stores as whole-register ones: a TIR pass for CPU code generation.
 
 What it rewrites
 ----------------
 A vector of fewer lanes than a register that is not a power of two (`A[Ramp(base, 1, 14)]`:
 a 14-column convolution row on a 16-lane AVX-512 register) reaches LLVM as a `<14 x float>`
-load, which x86 code generation splits into power-of-two pieces (8 + 4 + 2 lanes) and inserts
-them back into one register: three loads and two shuffles for one. (It uses no masked load:
-it cannot know that reading the two missing lanes is allowed.) Where reading further is
-provably allowed, the load becomes
-
-    Shuffle([A[Ramp(base, 1, P)]], [0, 1, ..., L - 1])
-
-one load of P lanes (the next power of two, at most a register) of which the first L are
-kept: LLVM emits one load and no shuffle (the kept lanes are the register's low lanes). A
-depthwise 3x3 conv with 14-column rows (MobileNetV2's 192 channels at 28x28) ran its nine
+access, which x86 code generation splits into power-of-two pieces (8 + 4 + 2 lanes) and, for
+a load, inserts back into one register: three loads and two shuffles for one. (LLVM uses no
+masked access: it cannot know that the two missing lanes may be read.) Here, with P the next
+power of two (at most a register):
+- a load whose P-lane read provably stays inside its buffer becomes
+      Shuffle([A[Ramp(base, 1, P)]], [0, 1, ..., L - 1])
+  one load of which the first L lanes are kept (LLVM emits one load and no shuffle: the kept
+  lanes are the register's low lanes);
+- on targets with masked vector memory operations (AVX-512: `isa.masked`), any other such
+  load becomes the same shuffle of `masked_load(A, Ramp(base, 1, P), lane < L)`, and a store
+  `A[Ramp(base, 1, L)] = v` becomes `masked_store(A, [v, 0...], Ramp(base, 1, P), lane < L)`:
+  one instruction each.
+A depthwise 3x3 conv with 14-column rows (MobileNetV2's 192 channels at 28x28) ran its nine
 loads per output vector as 27 loads and 18 inserts.
 
 Why it is correct
 -----------------
 - Values: lane k of the shuffle is element base + k of A, what lane k of the load read; the
-  lanes L..P-1 are read and dropped. Nothing is stored.
-- Memory: the new load reads [base, base + P), the old one [base, base + L). The rewrite is
-  made only where TVM's analyzer proves base + P <= the buffer's extent for every value the
-  loop variables and bound variables around the load can take (their ranges; conditions
-  around the load are not used, so the proof holds whether or not the load is guarded): the
-  extra lanes lie inside the same allocation (a flattened buffer is one contiguous
-  allocation, its extent the declared shape). A racing write to a dropped lane does not
-  matter: its value is never used. Only flattened (1-D) loads with stride 1, constant lanes
-  and scalar elements of at least a byte are rewritten; a load under `address_of` names an
-  address and is left alone.
+  lanes L..P-1 are read and dropped, or (masked) not read. A masked store writes lanes
+  0..L-1 with the value's lanes and leaves the others unwritten, what the store did.
+- Memory: the new plain load reads [base, base + P), the old one [base, base + L). It is made
+  only where TVM's analyzer proves base + P <= the buffer's extent for every value the loop
+  variables and bound variables around the load can take (their ranges; conditions around
+  the load are not used, so the proof holds whether or not the load is guarded): the extra
+  lanes lie inside the same allocation (a flattened buffer is one contiguous allocation, its
+  extent the declared shape). A racing write to a dropped lane does not matter: its value is
+  never used. Masked lanes are not accessed at all (the hardware suppresses their faults).
+  Only flattened (1-D) accesses with stride 1, constant lanes and scalar elements of at least
+  a byte are rewritten; a load under `address_of` names an address and is left alone.
 
 When: after TVM's whole TIR lowering, with `deinterleave` (`register_tir_pipeline`), on
-functions whose `target` is a CPU (the register width comes from it, `rules.cpu.isa`).
+functions whose `target` is a CPU (the register width and masks come from it, `rules.cpu.isa`).
 """
 from __future__ import annotations
 
@@ -54,8 +58,38 @@ def widened_lanes(lanes: int, register_lanes: int) -> int | None:
     return _pow2_at_least(lanes)
 
 
-def widen_function(func: tirx.PrimFunc, register_bits: int) -> tirx.PrimFunc:
-    """`func` with its partial vector loads widened where provably in bounds (module doc)."""
+def _partial_ramp(indices, ty, register_bits: int) -> tuple[tirx.Ramp, int, int] | None:
+    """(ramp, lanes, widened lanes) of a flattened, stride-1 access of scalar elements of at
+    least a byte that `widened_lanes` widens; None for any other access."""
+    if len(indices) != 1 or not isinstance(indices[0], tirx.Ramp):
+        return None
+    ramp = indices[0]
+    if not (isinstance(ramp.stride, tirx.IntImm) and int(ramp.stride) == 1
+            and isinstance(ramp.lanes, tirx.IntImm)):
+        return None
+    element = tvm.runtime.DataType(str(ty))
+    lanes = int(ramp.lanes)
+    if element.lanes != lanes or element.bits < 8:
+        return None
+    wide = widened_lanes(lanes, register_bits // element.bits)
+    return None if wide is None else (ramp, lanes, wide)
+
+
+def _lane_mask(lanes: int, wide: int) -> tirx.Expr:
+    """Lanes 0..lanes-1 of `wide` on."""
+    index = tirx.Ramp(tirx.IntImm("int32", 0), 1, wide)
+    return index < tirx.Broadcast(tirx.IntImm("int32", lanes), wide)
+
+
+def _vector_type(element, lanes: int) -> str:
+    return f"{tvm.runtime.DataType(str(element)).with_lanes(1)}x{lanes}"
+
+
+def widen_function(func: tirx.PrimFunc, register_bits: int, masked: bool = False
+                   ) -> tirx.PrimFunc:
+    """`func` with its partial vector loads widened where provably in bounds, and, with
+    `masked` (the target has masked vector loads and stores), the other partial loads and
+    every partial store done under a lane mask (module doc)."""
     analyzer = Analyzer()
 
     def loop(node, mutator):
@@ -75,24 +109,38 @@ def widen_function(func: tirx.PrimFunc, register_bits: int) -> tirx.PrimFunc:
 
     def load(node, mutator):
         node = mutator.default_mutate(node)  # its indices first (a load may index by a load)
-        if len(node.indices) != 1 or not isinstance(node.indices[0], tirx.Ramp):
+        partial = _partial_ramp(node.indices, node.ty, register_bits)
+        if partial is None or len(node.source.shape) != 1:
             return node
-        ramp = node.indices[0]
-        if not (isinstance(ramp.stride, tirx.IntImm) and int(ramp.stride) == 1
-                and isinstance(ramp.lanes, tirx.IntImm)):
+        ramp, lanes, wide = partial
+        indices = [tirx.Ramp(ramp.base, 1, wide)]
+        if analyzer.can_prove(ramp.base + wide <= node.source.shape[0]):
+            whole = tirx.BufferLoad(node.source, indices)
+        elif masked:
+            whole = tirx.call_intrin(_vector_type(node.ty, wide), "tirx.masked_load",
+                                     node.source, *indices, _lane_mask(lanes, wide))
+        else:
             return node
-        element = tvm.runtime.DataType(str(node.ty))
-        lanes = int(ramp.lanes)
-        if element.lanes != lanes or element.bits < 8 or len(node.source.shape) != 1:
-            return node
-        wide = widened_lanes(lanes, register_bits // element.bits)
-        if wide is None or not analyzer.can_prove(ramp.base + wide <= node.source.shape[0]):
-            return node
-        whole = tirx.BufferLoad(node.source, [tirx.Ramp(ramp.base, 1, wide)])
         return tirx.Shuffle([whole], [tirx.IntImm("int32", k) for k in range(lanes)])
 
+    def store(node, mutator):
+        node = mutator.default_mutate(node)
+        partial = _partial_ramp(node.indices, node.value.ty, register_bits) if masked else None
+        if partial is None or len(node.buffer.shape) != 1:
+            return node
+        ramp, lanes, wide = partial
+        # the value's lanes, then zeros in the lanes the mask leaves unwritten
+        element = tvm.runtime.DataType(str(node.value.ty)).with_lanes(1)
+        zero = tirx.const(0, str(element))
+        zeros = tirx.Broadcast(zero, wide - lanes) if wide - lanes > 1 else zero
+        value = tirx.Shuffle([node.value, zeros], [tirx.IntImm("int32", k) for k in range(wide)])
+        return tirx.Evaluate(tirx.call_intrin("void", "tirx.masked_store", node.buffer, value,
+                                              tirx.Ramp(ramp.base, 1, wide),
+                                              _lane_mask(lanes, wide)))
+
     return structural_mutate(func, [(tirx.For, loop), (tirx.Bind, bind), (tirx.Let, bind),
-                                    (ir.Call, call), (ir.TensorLoad, load)])
+                                    (ir.Call, call), (ir.TensorLoad, load),
+                                    (tirx.BufferStore, store)])
 
 
 @tvm.transform.module_pass(opt_level=0, name="WidenPartialLoads")
@@ -108,7 +156,8 @@ class WidenPartialLoads:  # pylint: disable=too-few-public-methods
                 func.attrs is not None else None
             if target is None or target.kind.name != "llvm":
                 continue
-            updates[gvar] = widen_function(func, vector_isa(target).bits)
+            isa = vector_isa(target)
+            updates[gvar] = widen_function(func, isa.bits, isa.masked)
         if not updates:
             return mod
         mod = mod.clone()
