@@ -143,24 +143,15 @@ def widen_function(func: tirx.PrimFunc, register_bits: int, masked: bool = False
                                     (tirx.BufferStore, store)])
 
 
-@tvm.transform.module_pass(opt_level=0, name="WidenPartialLoads")
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="WidenPartialLoads")
 class WidenPartialLoads:  # pylint: disable=too-few-public-methods
-    """Module pass: `widen_function` on every CPU function (lowered TIR)."""
+    """Function pass: `widen_function` on every CPU function (lowered TIR)."""
 
-    def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+    def transform_function(self, func: tirx.PrimFunc, _mod, _ctx=None) -> tirx.PrimFunc:
         from .rules.cpu.isa import vector_isa  # pylint: disable=import-outside-toplevel
 
-        updates = {}
-        for gvar, func in mod.functions_items():
-            target = func.attrs.get("target") if isinstance(func, tirx.PrimFunc) and \
-                func.attrs is not None else None
-            if target is None or target.kind.name != "llvm":
-                continue
-            isa = vector_isa(target)
-            updates[gvar] = widen_function(func, isa.bits, isa.masked)
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        target = func.attrs.get("target") if func.attrs is not None else None
+        if target is None or target.kind.name != "llvm":
+            return func
+        isa = vector_isa(target)
+        return widen_function(func, isa.bits, isa.masked)
