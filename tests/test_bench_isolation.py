@@ -269,7 +269,9 @@ def test_vm_input_reads_aligned_arrays_in_place_and_copies_others():
     unaligned = np.empty(3 * 37 + 1, "float32")[1:].reshape(3, 37)
     unaligned[...] = rng.standard_normal((3, 37))
     strided = rng.standard_normal((3, 74)).astype("float32")[:, ::2]
-    for array in (inplace, unaligned, strided):
+    readonly = aligned(rng.standard_normal((3, 37)).astype("float32"))
+    readonly.flags.writeable = False  # numpy exports no read-only array through DLPack
+    for array in (inplace, unaligned, strided, readonly):
         before = array.copy()
         np.testing.assert_allclose(main(vm_input(array)).numpy(), np.maximum(2 * array, 0),
                                    rtol=1e-6)

@@ -122,12 +122,13 @@ def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ())
 def vm_input(array: np.ndarray):
     """A TVM tensor for a numpy input: the array itself (DLPack, no copy) where TVM can read it
     in place, C-contiguous and aligned as TVM's buffers declare (`isolation.aligned`), as
-    onnxruntime reads any numpy input; else a copy. A Relax function does not write its
-    parameters, so the caller's array is left as it was."""
+    onnxruntime reads any numpy input; else (read-only, non-native byte order, empty) a copy.
+    A Relax function does not write its parameters, so the caller's array is left as it was."""
     import tvm
 
-    if array.flags.c_contiguous and array.ctypes.data % INPUT_ALIGNMENT == 0 and array.size:
-        return tvm.runtime.from_dlpack(array)
+    if array.flags.c_contiguous and array.flags.writeable and array.dtype.isnative and \
+            array.size and array.ctypes.data % INPUT_ALIGNMENT == 0:
+        return tvm.runtime.from_dlpack(array)  # (numpy exports no read-only array)
     return tvm.runtime.tensor(np.ascontiguousarray(array))
 
 
