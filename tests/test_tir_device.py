@@ -34,14 +34,28 @@ def test_cpu_levels_come_from_sysfs_and_bandwidth_is_cached(tmp_path, monkeypatc
     assert dev.cpu_device().level(0).bandwidth == 123.0
 
 
-@pytest.mark.parametrize("name,sms,shared", [("v100", 80, 96 * 1024), ("a100", 108, 163 * 1024),
-                                             ("h100", 132, 227 * 1024)])
-def test_cuda_sheets_need_no_gpu(name, sms, shared):
+@pytest.mark.parametrize("name,sms", [("v100", 80), ("a100", 108), ("h100", 132)])
+def test_cuda_sheets_need_no_gpu(name, sms):
     gpu = dev.cuda_device(name)
     assert gpu.kind == "cuda" and gpu.parallel_units == sms
     assert gpu.level(gpu.fuse_level).name == "shared"
-    assert gpu.level(1).capacity == shared
+    # The tile kernels' buffers are static __shared__ arrays: 48 KiB per block on every GPU
+    # (the sheets' larger opt-in maxima are for dynamic shared memory only).
+    assert gpu.level(1).capacity == 48 * 1024 == dev.CUDA_STATIC_SHARED_BYTES
+    assert dev.shared_limits(gpu) == (48 * 1024, 48 * 1024)
     assert gpu.level(0).bandwidth < gpu.level(1).bandwidth < gpu.level(2).bandwidth
+
+
+def test_static_shared_limit_holds_whatever_the_budget():
+    from dataclasses import replace
+
+    gpu = dev.cuda_device("h100")
+    big = replace(gpu, levels=(gpu.levels[0], replace(gpu.levels[1], capacity=227 * 1024),
+                               gpu.levels[2]))
+    small = replace(gpu, levels=(gpu.levels[0], replace(gpu.levels[1], capacity=16 * 1024),
+                                 gpu.levels[2]))
+    assert dev.shared_limits(big) == (48 * 1024, 227 * 1024)
+    assert dev.shared_limits(small) == (16 * 1024, 16 * 1024)
 
 
 def test_device_for_target():

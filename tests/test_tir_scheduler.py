@@ -31,14 +31,33 @@ def test_tiling_candidates_fit_and_are_ranked():
 
 
 def test_small_capacity_forces_reduction_steps_or_small_tiles():
+    # Welder's footprint (inputs staged at the fuse level too): the CPU's model of its L2.
     graph, sub = _paper_graph()
-    gpu = cuda_device("v100")
-    tiny = replace(gpu, levels=(gpu.levels[0], MemoryLevel("shared", 16 * 1024, 128, 1e13),
-                                gpu.levels[2]))
+    cpu = cpu_device()
+    tiny = replace(cpu, levels=(cpu.levels[0], MemoryLevel("L2", 16 * 1024, 64,
+                                                           cpu.levels[1].bandwidth),
+                                cpu.levels[2]))
     for cand in subgraph_tiling(graph, sub, tiny, topk=4):
         assert cand.cost.footprint <= 16 * 1024
     # B alone (64x128 floats, 32 KB) cannot be resident: every candidate streams k.
     assert all(c.config.rstep is not None for c in subgraph_tiling(graph, sub, tiny, topk=4))
+
+
+def test_cuda_footprint_is_the_generated_kernels_shared_memory():
+    # The CUDA code generator reads A and B from global memory and keeps whole tiles of the
+    # intermediates in shared memory: matmul's C, and softmax's exp plus its per-row max and
+    # sum, all live while softmax runs (rows x 128 floats twice, two 128-byte-aligned rows,
+    # whatever columns of the output the tile covers: a row's sum needs all of C's).
+    graph, sub = _paper_graph()
+    gpu = cuda_device("h100")
+    tiny = replace(gpu, levels=(gpu.levels[0], MemoryLevel("shared", 16 * 1024, 128, 1e13),
+                                gpu.levels[2]))
+    cands = subgraph_tiling(graph, sub, tiny, topk=4)
+    assert cands
+    for cand in cands:
+        rows = cand.config.tile[0]
+        row = -(-rows * 4 // 128) * 128
+        assert cand.cost.footprint == 2 * rows * 128 * 4 + 2 * row <= 16 * 1024
 
 
 def test_graph_connecting_by_model_connects_the_paper_pair():

@@ -9,7 +9,15 @@ records, for one output tile, the tile of every tensor and of every buffer inter
   the sum is multiplied by the number of tiles.
 * Footprint: every tile that is live at the fast level (inputs, intermediates, node-internal
   buffers, output), allocated best-fit in topological order with alignment; inputs that carry a
-  reduction are streamed in steps of `rstep` along it.
+  reduction are streamed in steps of `rstep` along it. That is Welder's code generator, which
+  stages inputs through shared memory. On CUDA the footprint is instead what tvm_einweld's
+  code generator allocates there (`generated_footprint`): it reads inputs and writes the output
+  in global memory, and keeps every connected intermediate and node-internal buffer of a tile
+  whole in shared memory (each producer is computed at the tile loop, never in reduction
+  steps), which the stepped count undercounted (MobileNetV2's inverted-residual group at tile
+  1x8x2x14: 176,512 B modelled, 363,488 B in its tile buffers). The kernel generated is still
+  checked against the device's limits after TVM's lowering (`codegen.cuda_kernel_problem`),
+  which can change the buffers again: the model only ranks and prunes.
 * Parallelism: a tile count that leaves parallel units idle in the last wave inflates the traffic
   by the inverse of the utilisation, so that tiles too large to keep the device busy lose.
 
@@ -206,6 +214,30 @@ def mem_footprint(graph: TileGraph, sub: SubGraph, plan: TilePlan, device: Devic
     return best_fit(buffers, device.level(device.fuse_level).transaction)
 
 
+def generated_footprint(graph: TileGraph, sub: SubGraph, plan: TilePlan, alignment: int
+                        ) -> int:
+    """Bytes the CUDA tile code generator keeps in shared memory for one tile: each connected
+    intermediate and node-internal buffer at its whole (unstepped) tile, best-fit over their
+    lifetimes (an intermediate from its producer to its last consumer, an internal buffer
+    within its node), as TVM's StorageRewrite may reuse a buffer's space once it is dead.
+    Inputs and the output are not counted: the kernel reads and writes them in global memory.
+    """
+    steps = {n.output: i for i, n in enumerate(sub.nodes)}
+    last_use: dict[str, int] = {}
+    for step, node in enumerate(sub.nodes):
+        for tensor in node.inputs:
+            last_use[tensor] = step
+    buffers = []
+    for tensor in sub.intermediates:
+        nbytes = int(np.prod(plan.tiles[tensor], dtype=np.int64)) * \
+            np.dtype(graph.tensors[tensor].dtype).itemsize
+        buffers.append((nbytes, steps[tensor], last_use.get(tensor, steps[tensor])))
+    for step, _, extents, dtype in plan.internal:
+        buffers.append((int(np.prod(extents, dtype=np.int64)) * np.dtype(dtype).itemsize,
+                        step, step))
+    return best_fit(buffers, alignment)
+
+
 def sub_tile_cost(graph: TileGraph, node, config: TileConfig, parent, parents: int,
                   buffer_shapes: dict, level: int, device: Device) -> TileCost:
     """Traffic and footprint of node `node` tiled by `config.tile` at memory `level`.
@@ -240,10 +272,16 @@ def sub_tile_cost(graph: TileGraph, node, config: TileConfig, parent, parents: i
 
 
 def tile_cost(graph: TileGraph, sub: SubGraph, config: TileConfig, device: Device) -> TileCost:
-    """Propagate a tile through `sub` and price it: traffic, footprint, parallel utilisation."""
+    """Propagate a tile through `sub` and price it: traffic, footprint (on CUDA the code
+    generator's, `generated_footprint`; module docstring), parallel utilisation."""
     plan = propagate_subgraph(graph, sub, config)
     units = device.parallel_units
     waves = -(-plan.num_tiles // units)
     utilization = plan.num_tiles / (waves * units)
-    return TileCost(mem_traffic(graph, sub, plan, device), mem_footprint(graph, sub, plan, device),
-                    plan.num_tiles, utilization)
+    if device.kind == "cuda":
+        footprint = generated_footprint(graph, sub, plan,
+                                        device.level(device.fuse_level).transaction)
+    else:
+        footprint = mem_footprint(graph, sub, plan, device)
+    return TileCost(mem_traffic(graph, sub, plan, device), footprint, plan.num_tiles,
+                    utilization)

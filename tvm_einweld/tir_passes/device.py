@@ -80,18 +80,28 @@ def cpu_device(num_cores: int | None = None, bandwidth=None) -> Device:
 
 
 # --------------------------------------------------------------------------------------- CUDA
+# Static shared memory per block: a kernel's `__shared__` arrays, which is how TVM's CUDA code
+# generator emits every buffer of scope "shared" (the scope the tile kernels' intermediates get),
+# may hold at most 48 KiB on every NVIDIA architecture (ptxas: "uses too much shared data
+# (... bytes, 0xc000 max)"). The larger per-block maxima of the data sheets (`shared_optin`) are
+# for dynamic shared memory only (scope "shared.dyn"), and only once the launch raises the
+# kernel's cudaFuncAttributeMaxDynamicSharedMemorySize; budgeting them for static arrays gave
+# kernels that do not load (benchmarks/cuda_device_check.md, H100).
+CUDA_STATIC_SHARED_BYTES = 48 * 1024
+
+
 @dataclass(frozen=True)
 class _GpuSheet:
     global_bytes: int
     global_bw: float
     sms: int
-    shared_per_block: int
+    shared_optin: int  # dynamic shared memory per block, opt-in maximum (not used: see above)
     registers_per_sm: int
 
 
 _GPU_SHEETS = {
     # Data sheet figures: memory size and bandwidth, SM count, max shared memory per block
-    # (opt-in), 64K 32-bit registers per SM.
+    # (opt-in, dynamic), 64K 32-bit registers per SM.
     "v100": _GpuSheet(16 << 30, 900e9, 80, 96 * 1024, 65536 * 4),
     "a100": _GpuSheet(40 << 30, 1555e9, 108, 163 * 1024, 65536 * 4),
     "h100": _GpuSheet(80 << 30, 3350e9, 132, 227 * 1024, 65536 * 4),
@@ -99,7 +109,10 @@ _GPU_SHEETS = {
 
 
 def cuda_device(name: str = "a100", threads: int = 128) -> Device:
-    """A static description of an NVIDIA GPU (global / shared / registers); no GPU needed."""
+    """A static description of an NVIDIA GPU (global / shared / registers); no GPU needed.
+
+    The shared level's capacity is what one block of the tile code generator may use: the
+    48 KiB of static shared memory (`CUDA_STATIC_SHARED_BYTES`), on every GPU of the table."""
     sheet = _GPU_SHEETS.get(name.lower())
     if sheet is None:
         raise ValueError(f"unknown GPU {name!r}; known: {sorted(_GPU_SHEETS)}")
@@ -108,12 +121,23 @@ def cuda_device(name: str = "a100", threads: int = 128) -> Device:
     shared_bw = sheet.sms * 128 * 1.4e9
     levels = (
         MemoryLevel("global", sheet.global_bytes, 32, sheet.global_bw),
-        MemoryLevel("shared", sheet.shared_per_block, 128, shared_bw),
+        MemoryLevel("shared", min(sheet.shared_optin, CUDA_STATIC_SHARED_BYTES), 128,
+                    shared_bw),
         MemoryLevel("registers", sheet.registers_per_sm, 4, 4 * shared_bw),
     )
     # Four warp schedulers per SM: 4 * 32 threads keep an SM busy (§4.1), one block per SM here.
     return Device(name.lower(), "cuda", levels, parallel_units=sheet.sms, fuse_level=1,
                   threads=threads)
+
+
+def shared_limits(device: Device) -> tuple[int, int]:
+    """(static, total): the bytes of shared memory one CUDA kernel may allocate in scope
+    "shared" (static `__shared__` arrays: at most `CUDA_STATIC_SHARED_BYTES`, whatever the
+    device model budgets) and in "shared" plus "shared.dyn" together (the model's budget, the
+    capacity of its fuse level). A kernel over either limit does not load, or does not keep
+    to the plan it was scheduled for."""
+    budget = device.level(device.fuse_level).capacity
+    return min(budget, CUDA_STATIC_SHARED_BYTES), budget
 
 
 def device_for_target(target) -> Device:
