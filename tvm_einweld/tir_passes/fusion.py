@@ -14,7 +14,12 @@ says why. The module the pass returns is then run as a whole against the module 
 `TileGraphFusion`); if they disagree the given module is returned, with a warning. The replacement call sits where the group's last node was and reads the same tensors;
 intermediates it removes were read by no one outside the group (see `tile_graph.subgraph`).
 On a CUDA target, which cannot run here, the check runs on the CPU kernel generated from the same
-tile plan, and tile configurations are chosen by the cost model instead of by measurement.
+tile plan, and tile configurations are chosen by the cost model instead of by measurement; and
+every CUDA tile kernel is checked as it will be emitted before it is even a candidate
+(`codegen.cuda_kernel_problem`: well formed, lowered and built by TVM, its shared memory
+counted exactly on the lowered kernel and held to the device's limits). A tile whose kernel
+fails that check is never used: the scheduler takes the next-ranked tile that passes, or
+leaves the group unfused; `FusionReport.refused` says which kernel failed and why.
 A multi-node group that fails is retried node by node, so its operators are still tiled.
 """
 from __future__ import annotations
@@ -25,7 +30,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import ir, relax, tirx
 
-from .codegen import Unsupported, block_sub_tiles, group_prim_func, schedule_group
+from .codegen import (Unsupported, block_sub_tiles, cuda_kernel_problem, group_prim_func,
+                      schedule_group)
 from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, cpu_device, device_for_target
 from .localize import LocalizeError
@@ -51,6 +57,9 @@ class FusionReport:
     # (tile kernel, the group's merged function before tiling) for every tile kernel: what a
     # tuner searches instead of the tile schedule (`auto_scheduler_ext.kernel_tuning`)
     unscheduled: tuple[tuple[tirx.PrimFunc, tirx.PrimFunc], ...] = ()
+    # (group's node names, tile, why) for every CUDA tile kernel that failed the check of
+    # what is emitted (`codegen.cuda_kernel_problem`) and so was not a candidate
+    refused: tuple[tuple[tuple[str, ...], tuple[int, ...], str], ...] = ()
 
 
 def prepare() -> tvm.transform.Pass:
@@ -107,12 +116,19 @@ def compile_pipeline(target, topk: int = 4) -> tvm.transform.Pass:
 
 
 class KernelFactory:
-    """Generates (and caches) the tiled kernel of a group for one device."""
+    """Generates (and caches) the tiled kernel of a group for one device.
 
-    def __init__(self, graph: TileGraph, device: Device, check_plan: bool = True):
+    On a CUDA device, with the `target` given, a kernel is returned only when
+    `codegen.cuda_kernel_problem` finds nothing wrong with it as emitted for that target; the
+    kernels it refused are in `refused` ((node names, tile) -> why)."""
+
+    def __init__(self, graph: TileGraph, device: Device, check_plan: bool = True,
+                 target=None):
         self.graph = graph
         self.device = device
         self.check_plan = check_plan
+        self.target = target
+        self.refused: dict = {}
         self._merged: dict = {}
         self._kernels: dict = {}
 
@@ -121,42 +137,63 @@ class KernelFactory:
             self._merged[sub.names] = group_prim_func(self.graph, sub)
         return self._merged[sub.names]
 
-    def _planned_bytes(self, sub: SubGraph, config: TileConfig) -> int:
-        """What the kernel's tile buffers may use: the plan's tiles on CPU; on CUDA, whose
-        thread loops are padded to the block size (so buffers round up), shared memory."""
+    def _planned_bytes(self, sub: SubGraph, config: TileConfig) -> int | None:
+        """What the kernel's tile buffers may use: the plan's tiles on CPU; on CUDA no bound
+        here: TVM's lowering still changes the buffers (its StorageRewrite shares dead ones,
+        its region compaction may widen one), so they are counted after it, exactly
+        (`codegen.cuda_kernel_problem`)."""
         if self.device.kind == "cuda":
-            return self.device.level(self.device.fuse_level).capacity
+            return None
         return intermediate_bytes(self.graph, sub, propagate_subgraph(self.graph, sub, config))
 
     def kernel(self, sub: SubGraph, config: TileConfig, inner=()) -> tirx.PrimFunc | None:
         """The kernel of `sub` tiled by `config`, with the upper-level sub-tiles `inner`
-        (`Candidate.inner`); None when it cannot be generated. Sub-tiles the schedule
-        primitives reject are dropped (the kernel of the fuse-level tile alone is used)."""
+        (`Candidate.inner`); None when it cannot be generated (or, on CUDA, fails its check).
+        Sub-tiles the schedule primitives reject, or whose kernel fails the check, are
+        dropped (the kernel of the fuse-level tile alone is tried)."""
         key = (sub.names, config.tile, tuple((t.node, t.config.tile) for t in inner))
         if key not in self._kernels:
-            func = None
-            try:
-                merged = self.merged(sub)
-                sub_tiles = block_sub_tiles(self.graph, sub, merged, config, inner)
-            except (Unsupported, ValueError) as err:
-                logger.info("group %s not merged: %s", sorted(sub.names), err)
-                sub_tiles = None
-            if sub_tiles is not None:
-                func = self._schedule(sub, merged, config, sub_tiles)
-                if func is None and sub_tiles:
-                    func = self._schedule(sub, merged, config, {})
-            self._kernels[key] = func
+            self._kernels[key] = self._generate(sub, config, inner)
         return self._kernels[key]
 
-    def _schedule(self, sub, merged, config, sub_tiles) -> tirx.PrimFunc | None:
+    def _generate(self, sub: SubGraph, config: TileConfig, inner) -> tirx.PrimFunc | None:
+        try:
+            merged = self.merged(sub)
+            sub_tiles = block_sub_tiles(self.graph, sub, merged, config, inner)
+        except (Unsupported, ValueError) as err:
+            logger.info("group %s not merged: %s", sorted(sub.names), err)
+            return None
+        func, problem = self._schedule(sub, merged, config, sub_tiles)
+        if func is None and sub_tiles:
+            func, problem = self._schedule(sub, merged, config, {})
+        names, tile = tuple(n.name for n in sub.nodes), tuple(int(t) for t in config.tile)
+        if func is None and problem is not None:
+            self.refused[(names, tile)] = problem
+            logger.info("group %s tile %s not used: %s", list(names), tile, problem)
+        elif func is not None:
+            self.refused.pop((names, tile), None)  # refused with other sub-tiles only
+        return func
+
+    def _schedule(self, sub, merged, config, sub_tiles):
+        """(kernel, None), or (None, why the CUDA check refused it), or (None, None) when the
+        schedule cannot be generated at all."""
         try:
             planned = self._planned_bytes(sub, config) if self.check_plan else None
-            func = schedule_group(merged, config.tile, self.device, planned, sub_tiles)
-            return scheduled_kernel(func)
+            func = scheduled_kernel(schedule_group(merged, config.tile, self.device, planned,
+                                                   sub_tiles))
         except (Unsupported, LocalizeError) as err:
             logger.info("group %s tile %s sub-tiles %s not generated: %s", sorted(sub.names),
                         config.tile, sub_tiles, err)
-            return None
+            return None, None
+        if self.device.kind == "cuda" and self.target is not None:
+            problem = cuda_kernel_problem(func, self.target, self.device)
+            if problem is not None:
+                return None, problem
+        return func, None
+
+    def usable(self, sub: SubGraph, cand: Candidate) -> bool:
+        """Whether `cand`'s kernel can be generated (and, on CUDA, passed its check)."""
+        return self.kernel(sub, cand.config, cand.inner) is not None
 
 
 @tvm.transform.module_pass(opt_level=0, name="TileGraphFusion")
@@ -208,7 +245,8 @@ class TileGraphFusion:
         graph = build_tile_graph(mod, "main")
         if not graph.nodes:
             return mod
-        factory = KernelFactory(graph, self.device)
+        factory = KernelFactory(graph, self.device, target=self.target)
+        accept = factory.usable if self.device.kind == "cuda" else None
         self._measured, self._claims = 0, {}
         wanted: dict = {}
 
@@ -222,7 +260,8 @@ class TileGraphFusion:
                                 self._alone(graph, factory) if self.rules else None,
                                 tiles_wanted,
                                 lambda sub: self._analytic(sub, factory) is not None,
-                                self._prefetch(graph, factory) if self.rules else None)
+                                self._prefetch(graph, factory) if self.rules else None,
+                                accept)
         replacements, rejected = [], []
         # A group whose best kernel is the analytic one (candidate None) is replaced by its
         # merged, unscheduled function, which the analytic rules schedule later exactly as
@@ -238,29 +277,33 @@ class TileGraphFusion:
                 factory.merged(sub)
             result = None
             if func is None:
-                result = CheckResult(False, float("inf"), "kernel could not be generated")
+                why = factory.refused.get((names, tuple(cand.config.tile))) if cand else None
+                result = CheckResult(False, float("inf"), why or "kernel could not be generated")
             elif self.verify:
                 result = self._check(graph, sub, cand, func)
             if result is not None and not result.ok:
                 logger.warning("TileGraphFusion leaves %s unfused: %s", names, result.message)
                 rejected.append((names, result.message))
                 if len(sub.nodes) > 1 and cand is not None:  # its nodes may still be tiled
-                    pending.extend(self._singles(graph, sub))
+                    pending.extend(self._singles(graph, sub, accept))
                 continue
             replacements.append((sub, func))
         unscheduled = tuple((func, factory.merged(sub)) for sub, func in replacements
                             if is_scheduled(func))
         self.report = FusionReport(plan, tuple(tuple(n.name for n in s.nodes)
                                                for s, _ in replacements), tuple(rejected),
-                                   self._measured, analytic, unscheduled)
+                                   self._measured, analytic, unscheduled,
+                                   tuple((names, tile, why) for (names, tile), why
+                                         in factory.refused.items()))
         return replace_groups(mod, graph, replacements)
 
-    def _singles(self, graph, sub):
-        """(single-node sub-graph, its best candidate by the model) for each node of `sub`."""
+    def _singles(self, graph, sub, accept=None):
+        """(single-node sub-graph, its best candidate by the model that `accept`s) for each
+        node of `sub`."""
         out = []
         for node in sub.nodes:
             single = subgraph(graph, [node.name])
-            cands = subgraph_tiling(graph, single, self.device, 1)
+            cands = subgraph_tiling(graph, single, self.device, 1, accept=accept)
             if cands:
                 out.append((single, cands[0]))
         return out

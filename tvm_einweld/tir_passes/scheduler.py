@@ -163,12 +163,23 @@ def _roller(shape, price, budget: int) -> list:
     return found
 
 
+Acceptor = Callable[[SubGraph, Candidate], bool]
+# With an acceptor, SubGraphTiling stops looking for the k tiles it accepts at this many
+# refused ones. Each costs a kernel's generation and check (~0.08 s); where the model misjudges
+# a group it tends to misjudge every tile of it (FSRCNN's 16-phase interleave: 8 of 8 refused,
+# in 17 groups; BERT's attention groups: all 40 tiles).
+MAX_REFUSED = 3
+
+
 def subgraph_tiling(graph: TileGraph, sub: SubGraph, device: Device, topk: int = 4,
-                    budget: int = 40) -> list[Candidate]:
+                    budget: int = 40, accept: Acceptor | None = None) -> list[Candidate]:
     """SubGraphTiling at the fuse level, recursing to the levels above (module docstring).
 
     Returns the top-k fuse-level tiles that fit, ranked by penalised DRAM traffic (ties: the
     upper levels' time, then the larger tile), each with its best upper-level sub-tiles.
+    With `accept` (a check of the candidate's real kernel, e.g. CUDA's limits on what is
+    emitted), the top-k are the best k that it accepts: a refused tile makes room for the
+    next-ranked one, so a model that misjudges a tile costs a smaller tile, not the group.
     """
     shape = graph.tensors[sub.output].shape
 
@@ -178,7 +189,18 @@ def subgraph_tiling(graph: TileGraph, sub: SubGraph, device: Device, topk: int =
 
     found = _roller(shape, price, budget)
     found.sort(key=lambda c: (c.cost.score, -_volume(c.config.tile)))
-    top = [_with_upper_levels(graph, sub, c, device, topk) for c in found[:topk]]
+    if accept is None:
+        top = [_with_upper_levels(graph, sub, c, device, topk) for c in found[:topk]]
+    else:
+        top, refused = [], 0
+        for cand in found:
+            cand = _with_upper_levels(graph, sub, cand, device, topk)
+            if accept(sub, cand):
+                top.append(cand)
+            else:
+                refused += 1
+            if len(top) == topk or refused == MAX_REFUSED:
+                break
     top.sort(key=lambda c: (c.cost.score, c.upper_seconds(device), -_volume(c.config.tile)))
     return top
 
@@ -295,7 +317,8 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
                      alone: Callable[[SubGraph], "float | None"] | None = None,
                      tiles_wanted: Callable[[SubGraph], bool] | None = None,
                      claimed: Callable[[SubGraph], bool] | None = None,
-                     prefetch: Callable[[list], None] | None = None) -> GraphPlan:
+                     prefetch: Callable[[list], None] | None = None,
+                     accept: Acceptor | None = None) -> GraphPlan:
     """GraphConnecting: decide, edge by edge, which tensors stay at the fast level.
 
     `evaluate(sub, candidate)` returns the seconds of that tile config measured on the target,
@@ -318,7 +341,7 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
     (latency NaN: there was nothing to choose between). On GCN this skipped most of ~90
     kernel timings, each a build and ~0.3 s of compile time. `prefetch(subs)` is told the
     sub-graphs whose analytic kernels an edge is about to time (its two sides and their
-    union), so that it can build them together.
+    union), so that it can build them together. `accept` is `subgraph_tiling`'s.
     """
     start = time.perf_counter()
     groups = _Groups([n.name for n in graph.nodes])
@@ -329,7 +352,8 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
         """The sub-graph's top-k tile configs, or none where they are not wanted."""
         if sub.names not in tilings:
             wanted = tiles_wanted is None or tiles_wanted(sub)
-            tilings[sub.names] = subgraph_tiling(graph, sub, device, topk) if wanted else []
+            tilings[sub.names] = subgraph_tiling(graph, sub, device, topk,
+                                                 accept=accept) if wanted else []
         return tilings[sub.names]
 
     def has_kernel(sub: SubGraph) -> bool:
