@@ -3,27 +3,34 @@
 Two halves, because the GPU machines lent to some sessions have Python 3.12, numpy and a CUDA
 toolkit but no TVM (and at most 64 MiB of files travel there, less than TVM's compiler library):
 
-1. Here (TVM and nvcc, no GPU needed), into an ignored folder (`/.gpu/` in .git/info/exclude)::
+1. Here (TVM and nvcc, no GPU needed), packed into an ignored folder (`/.gpu/` in
+   .git/info/exclude)::
 
-       .venv/bin/python benchmarks/cuda_device_check.py --export .gpu \\
-           --ffi-wheel /tmp/whl/apache_tvm_ffi-0.1.14.post1-cp312-*.whl    # then: du -sh .gpu
+       .venv/bin/python benchmarks/cuda_device_check.py --export /tmp/cdc \\
+           --ffi-wheel /tmp/whl/apache_tvm_ffi-0.1.14.post1-cp312-*.whl \\
+           --pack .gpu/pack.tar.xz                                     # then: du -sh .gpu
 
-   Each check is built for {"kind": "cuda", "arch": "sm_90"} by tvm_einweld (`TileGraphFusion`
-   for the Welder workloads, the "einweld" Relax pipeline for the zoo models) with its H100
-   model ("einweld") and with the shared memory per block capped at the 48 KiB that static
-   __shared__ arrays may use ("einweld_smem48k"), and by stock TVM ("stock": `tvm.compile`, its
-   default CUDA pipeline with DLight schedules). The folder gets the exported libraries, random
-   inputs, references (TVM's CPU build for the workloads, onnxruntime for the models),
-   manifest.json, TVM's Python package without libtvm_compiler.so, libcudart.so.13 and the
-   tvm-ffi wheel. Without a CUDA driver TVM exports kernels as CUDA source, compiled when the
-   library is loaded; so each source is also compiled here with nvcc (TVM's flags, fatbin) and
-   any failure is recorded in the manifest.
+   Each check is built for {"kind": "cuda", "arch": "sm_90"} by tvm_einweld ("einweld":
+   `TileGraphFusion` for the Welder workloads, the einweld Relax pipeline for the zoo models;
+   every tile kernel checked as emitted, its shared memory within the 48 KiB a block may
+   declare statically) and by stock TVM ("stock": `tvm.compile`, its default CUDA pipeline
+   with DLight schedules). The folder gets the exported libraries, random inputs, references
+   (TVM's CPU build for the workloads, onnxruntime for the models), manifest.json (per
+   einweld build: its groups, and the tile kernels the check refused and why), TVM's Python
+   package without libtvm_compiler.so, libcudart.so.13 and the tvm-ffi wheel. Without a CUDA
+   driver TVM exports kernels as CUDA source, compiled when the library is loaded; so each
+   source is also compiled here with nvcc (TVM's flags, fatbin; `-Xptxas -v` for each
+   kernel's shared memory) and any failure is recorded in the manifest.
+   (The first run, at f6d0d92, also built "einweld_smem48k", the H100 model with 48 KiB of
+   shared memory per block; that is now the model itself.) `--pack` writes the folder as one
+   xz tar (about 85 MB as files, 51 MB packed: DCGAN's two libraries carry 29 MB of weights).
 
 2. On the GPU machine (the `run` tool, carry [".gpu"], timeout_s 300; it took 22 s on an H100)::
 
-       python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/*.whl &&
+       python3 -c "import tarfile; tarfile.open('.gpu/pack.tar.xz').extractall('/tmp/g')" &&
+       python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/g/*.whl &&
        PYTHONPATH=/tmp/site PATH=$PATH:/usr/local/cuda/bin python3 \\
-           benchmarks/cuda_device_check.py --run .gpu --out $OUT
+           benchmarks/cuda_device_check.py --run /tmp/g --out $OUT
 
    TVM is imported runtime-only (TVM_USE_RUNTIME_LIB=1, plus libtvm_runtime_cuda.so); TVM's
    load-time compile hook is given the fatbin built here for each source (by sha256; nvcc runs
@@ -52,22 +59,20 @@ import numpy as np
 TARGET = {"kind": "cuda", "arch": "sm_90"}
 RTOL, ATOL_SCALE = 1e-3, 1e-4  # |got - ref| <= RTOL * |ref| + ATOL_SCALE * max(1, max |ref|)
 MODELS = ["fsrcnn", "nafnet", "mobilenetv2", "nerf", "dcgan"]  # (vit: 22 MiB, too much to carry)
-ONLY_EINWELD = {"dcgan"}  # its einweld build fails here (recorded); nothing else is built
 
 
 # ------------------------------------------------------------------------------------ export
-def _fusion_options() -> Dict[str, Dict[str, Any]]:
-    """The einweld variants: the H100 model as tvm_einweld has it (227 KiB of shared memory
-    per block, the opt-in maximum) and the same GPU with the 48 KiB that the static __shared__
-    arrays TVM emits may use at most."""
-    from dataclasses import replace
-
-    from tvm_einweld.tir_passes import cuda_device
-
-    h100 = cuda_device("h100")
-    static48 = replace(h100, levels=tuple(replace(l, capacity=48 * 1024) if l.name == "shared"
-                                          else l for l in h100.levels))
-    return {"einweld": {}, "einweld_smem48k": {"device": static48}}
+def _fusion_report(report) -> Dict[str, Any]:
+    """What a TileGraphFusion run planned (groups, tiles, modelled footprints) and which tile
+    kernels its check of what is emitted refused, and why."""
+    if report is None:
+        return {"groups": [], "refused": []}
+    return {"groups": [f"{[n.name for n in g.sub.nodes]} tile "
+                       f"{g.candidate.config.tile if g.candidate else None} footprint "
+                       f"{g.candidate.cost.footprint if g.candidate else None} B"
+                       for g in report.plan.groups],
+            "refused": [f"{list(names)} tile {list(tile)}: {why}"
+                        for names, tile, why in report.refused]}
 
 
 def _workloads() -> Dict[str, Any]:
@@ -116,11 +121,35 @@ def _export_variant(out: Path, name: str, build: Callable[[], Any]) -> Dict[str,
             with tvm.target.Target(TARGET):
                 binary = nvcc.compile_cuda(code, target_format="fatbin", compiler="nvcc")
             (out / "fatbin" / f"{digest}.fatbin").write_bytes(bytes(binary))
+            kernel["smem"] = _ptxas_smem(code)
         except Exception as err:  # noqa: BLE001
             lines = [l for l in str(err).splitlines() if "error" in l.lower()]
             kernel["nvcc_error"] = "\n".join(l for l in lines if "Compilation" not in l)
         entry["kernels"].append(kernel)
+    smem = [v for k in entry["kernels"] for v in k.get("smem", {}).values()]
+    entry["max_smem"] = max(smem, default=0)
     return entry
+
+
+def _ptxas_smem(code: str) -> Dict[str, int]:
+    """{kernel: bytes of shared memory} as ptxas reports them (`nvcc -Xptxas -v`)."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.cu").write_text(code)
+        done = subprocess.run(["nvcc", "--cubin", "-O3", "-arch=sm_90", "-Xptxas", "-v",
+                               "-o", f"{tmp}/k.cubin", f"{tmp}/k.cu"],
+                              capture_output=True, text=True)
+    found, kernel = {}, None
+    for line in (done.stdout + done.stderr).splitlines():
+        name = re.search(r"Compiling entry function '(\w+)'", line)
+        if name:
+            kernel = name.group(1)
+        smem = re.search(r"(\d+) bytes smem", line)
+        if smem and kernel:
+            found[kernel] = int(smem.group(1))
+    return found
 
 
 def export(out: Path, ffi_wheel: str | None) -> None:
@@ -129,7 +158,8 @@ def export(out: Path, ffi_wheel: str | None) -> None:
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
-    import tvm_einweld
+    import tvm_einweld  # noqa: F401 - registers the einweld pipeline's pieces
+    from tvm_einweld.einweld_pipeline import EinweldOptimize, lowering
     from tvm_einweld.models import build_model, random_inputs
     from tvm_einweld.tir_passes import TileGraphFusion, prepare
 
@@ -138,13 +168,11 @@ def export(out: Path, ffi_wheel: str | None) -> None:
     checks: List[Dict[str, Any]] = []
 
     def save(name: str, kind: str, inputs: Dict[str, np.ndarray], ref: List[np.ndarray],
-             builds: Dict[str, Callable[[], Any]], fusions: Dict[str, Any]) -> None:
+             builds: Dict[str, Callable[[], Any]], fusions: Dict[str, Callable[[], Any]]
+             ) -> None:
         variants = {v: _export_variant(out, f"{name}_{v}", build) for v, build in builds.items()}
-        for variant, fusion in fusions.items():
-            variants[variant]["groups"] = [
-                f"{[n.name for n in g.sub.nodes]} tile {g.candidate.config.tile} footprint "
-                f"{g.candidate.cost.footprint} B" for g in fusion.report.plan.groups
-            ] if fusion.report is not None else []
+        for variant, report in fusions.items():
+            variants[variant].update(_fusion_report(report()))
         checks.append({"name": name, "kind": kind, "variants": variants, "inputs": list(inputs)})
         np.savez(out / f"{name}_in.npz", **inputs)
         np.savez(out / f"{name}_ref.npz", *ref)
@@ -155,26 +183,25 @@ def export(out: Path, ffi_wheel: str | None) -> None:
                   .astype("float32") for p in mod["main"].params}
         cpu = tvm.runtime.vm.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
         ref = [cpu["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()]
-        fusions = {v: TileGraphFusion(target, topk=1, **o) for v, o in _fusion_options().items()}
-        builds = {v: (lambda f=f, m=mod: tvm.compile(f(prepare()(m)), target=target))
-                  for v, f in fusions.items()}
-        builds["stock"] = lambda m=mod: tvm.compile(m, target)
+        fusion = TileGraphFusion(target, topk=1)
+        builds = {"einweld": lambda f=fusion, m=mod: tvm.compile(f(prepare()(m)), target=target),
+                  "stock": lambda m=mod: tvm.compile(m, target)}
         save(name, "Welder workload, TileGraphFusion (reference: TVM llvm build)", inputs, ref,
-             builds, fusions)
+             builds, {"einweld": lambda f=fusion: f.report})
     for name in MODELS:
         model = build_model(name, 1)
         inputs = random_inputs(model)
         ref = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"]).run(None, inputs)
         mod = from_onnx(model, keep_params_in_input=False)
-        builds = {v: (lambda o=o, m=mod: tvm.compile(
-            m, target, relax_pipeline=tvm_einweld.pipeline(fuse_options=o)))
-            for v, o in _fusion_options().items() if v == "einweld" or name not in ONLY_EINWELD}
-        if name not in ONLY_EINWELD:
-            builds["stock"] = lambda m=mod: tvm.compile(m, target)
+        optimize = EinweldOptimize(target)  # the "einweld" pipeline: it, then lowering()
+        builds = {"einweld": lambda o=optimize, m=mod: tvm.compile(
+            m, target, relax_pipeline=tvm.transform.Sequential([o, lowering()])),
+                  "stock": lambda m=mod: tvm.compile(m, target)}
         save(name, "zoo model, einweld pipeline (reference: onnxruntime CPU)", inputs, ref,
-             builds, {})
-    (out / "manifest.json").write_text(json.dumps({"target": TARGET, "checks": checks}, indent=1))
+             builds, {"einweld": lambda o=optimize: o.fusion.report if o.fusion else None})
+    (out / "manifest.json").write_text(json.dumps({"target": TARGET, "commit": _commit(),
+                                                   "checks": checks}, indent=1))
     # Runtime-only TVM: the Python package without the compiler library and sources.
     package = Path(tvm.__file__).parent
     shutil.rmtree(out / "tvm", ignore_errors=True)
@@ -185,6 +212,30 @@ def export(out: Path, ffi_wheel: str | None) -> None:
         shutil.copy(cudart[0], out / "libcudart.so.13")
     if ffi_wheel:
         shutil.copy(ffi_wheel, out)
+
+
+def _commit() -> str:
+    """The commit the export was built from ("+dirty" when tracked files differ from it)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "tvm_einweld"],
+                               cwd=root).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def pack(folder: Path, archive: Path) -> None:
+    """`folder`'s files as one xz tar (preset 9, extreme): what travels to the GPU machine."""
+    import lzma
+    import tarfile
+
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:xz", preset=9 | lzma.PRESET_EXTREME) as tar:
+        for path in sorted(folder.iterdir()):
+            tar.add(path, arcname=path.name)
 
 
 # --------------------------------------------------------------------------------------- run
@@ -277,9 +328,10 @@ def run(folder: Path, out: Path) -> int:
     except Exception as err:  # noqa: BLE001 - no usable GPU: every run below fails and says why
         compute = f"unknown ({str(err).splitlines()[-1]})"
     report: Dict[str, Any] = {"device": _device_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
-                              "compute": compute, "checks": []}
-    rows = ["| check | variant | status | max abs err | max rel err | median ms | einweld/stock |",
-            "|---|---|---|---|---|---|---|"]
+                              "compute": compute, "commit": manifest.get("commit"),
+                              "checks": []}
+    rows = ["| check | variant | status | max abs err | max rel err | median ms | einweld/stock |"
+            " max smem B (ptxas) |", "|---|---|---|---|---|---|---|---|"]
     for check in manifest["checks"]:
         data = np.load(folder / f"{check['name']}_in.npz")
         inputs = [data[k] for k in check["inputs"]]
@@ -291,6 +343,7 @@ def run(folder: Path, out: Path) -> int:
                 results[variant] = {"status": "BUILD FAILED", "error": entry.get("build_error")}
             else:
                 results[variant] = _run_variant(folder, entry, inputs, refs)
+            results[variant]["max_smem"] = entry.get("max_smem")
             print(check["name"], variant, json.dumps(results[variant])[:600], flush=True)
         report["checks"].append({"name": check["name"], "results": results})
         stock = results.get("stock", {}).get("median_ms")
@@ -299,11 +352,13 @@ def run(folder: Path, out: Path) -> int:
             ms = res.get("median_ms")
             ratio = f"{ms / stock:.2f}" if ms and stock and variant != "stock" else ""
             rows.append(f"| {check['name']} | {variant} | {res['status']} | {fmt('max_abs')} | "
-                        f"{fmt('max_rel')} | {f'{ms:.4f}' if ms else ''} | {ratio} |")
+                        f"{fmt('max_rel')} | {f'{ms:.4f}' if ms else ''} | {ratio} | "
+                        f"{res.get('max_smem') if res.get('max_smem') is not None else ''} |")
     report["compile_hook"] = counts
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(report, indent=1))
-    head = f"{report['device']} (compute {report['compute']}), {report['date']}\n\n"
+    head = (f"{report['device']} (compute {report['compute']}), {report['date']}, built at "
+            f"{report['commit']}\n\n")
     (out / "result.md").write_text(head + "\n".join(rows) + "\n")
     print(head + "\n".join(rows), f"\ncompile hook: {counts}")
     return 0
@@ -316,9 +371,12 @@ def main() -> int:
     mode.add_argument("--run", metavar="DIR", help="run DIR's libraries on the GPU")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="--run's result folder")
     parser.add_argument("--ffi-wheel", help="--export: the apache-tvm-ffi cp312 wheel to copy")
+    parser.add_argument("--pack", metavar="FILE", help="--export: also write DIR as an xz tar")
     args = parser.parse_args()
     if args.export:
         export(Path(args.export), args.ffi_wheel)
+        if args.pack:
+            pack(Path(args.export), Path(args.pack))
         return 0
     return run(Path(args.run), Path(args.out))
 
