@@ -14,7 +14,8 @@ Stages, in order:
      it beats its members' own analytic kernels;
   3b. the analytic CPU schedule rules (`tir_passes.rules.cpu`: convolutions, the GEMM class,
      memory-bound kernels) on every kernel left, constant weights packed into the kernels'
-     layouts at compile time;
+     layouts at compile time; on a GPU, TVM's default GPU schedules (DLight) on every kernel
+     left (`gpu_schedules`);
   4. when `trials > 0`, adaptive-layout tuning (AL-Ansor) of every kernel (a tile group's
      as its merged function), the budget where the latency is, a tuned kernel used only where
      it beats its 0-trial one (`auto_scheduler_ext.kernel_tuning`), applied with the
@@ -238,6 +239,9 @@ class EinweldOptimize:
                 mod = fusion(mod)
                 self.checks += fusion.checks
         unscheduled = mod  # the tuning tasks (a tile group's: `fusion.report.unscheduled`)
+        if "gpu" in target.keys:
+            with clock("default GPU schedules" + label):
+                mod = gpu_schedules(target)(mod)
         if target.kind.name == "llvm":
             with clock("analytic schedules" + label):
                 # Constant weights are packed into the kernels' layouts at compile time.
@@ -291,7 +295,9 @@ class EinweldOptimize:
             stage = entry_points.adaptive_layout_tuning_pass(
                 target, work_dir, self.trials, layout_strategy=self.layout_strategy,
                 **self.tune_options)
-            tuned = [(0, stage(untuned))]
+            # The tasks are the kernels before the default GPU schedules; those left untuned
+            # get them after (`gpu_schedules`).
+            tuned = [(0, gpu_schedules(target)(stage(variants[0].unscheduled)))]
         # Each record was checked alone; each whole tuned module (with its compile-time weight
         # layout transforms, which stock TVM 0.27 gets wrong for some tuned ConvTranspose
         # kernels) is checked against the untuned one before it is used.
@@ -323,6 +329,32 @@ class EinweldOptimize:
             return untuned
         self.tuned, self.tuned_variant = True, index
         return best
+
+
+def gpu_schedules(target: tvm.target.Target) -> tvm.transform.Pass:
+    """TVM's default GPU schedules (DLight, the rules of TVM's own CUDA pipeline) for every
+    kernel not scheduled yet (tile kernels keep theirs), then a check that none is left
+    without one: TVM 0.27 builds a kernel without thread bindings for a GPU target as host
+    code, which reads device memory from the CPU, and the library segfaults when run (FSRCNN
+    and DCGAN on an H200, where a phase-interleave kernel was left unfused). A kernel no rule
+    schedules raises here instead of being emitted."""
+    from tvm.s_tir import dlight as dl
+
+    from .tir_passes.rules import is_scheduled
+
+    @tvm.transform.module_pass(opt_level=0, name="EinweldGPUSchedules")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                          dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+        left = sorted(gv.name_hint for gv, f in mod.functions.items()
+                      if isinstance(f, tvm.tirx.PrimFunc) and not is_scheduled(f))
+        if left:
+            raise RuntimeError(f"no GPU schedule for kernels {left}: built for {target.kind.name}"
+                               f" they would run on the host over device memory")
+        return mod
+
+    return _pass
 
 
 def _revisited(dropped: bool, compared) -> str:
