@@ -25,12 +25,19 @@ toolkit but no TVM (and at most 64 MiB of files travel there, less than TVM's co
    shared memory per block; that is now the model itself.) `--pack` writes the folder as one
    xz tar (about 85 MB as files, 51 MB packed: DCGAN's two libraries carry 29 MB of weights).
 
-2. On the GPU machine (the `run` tool, carry [".gpu"], timeout_s 300; it took 22 s on an H100)::
+2. On the GPU machine (the `run` tool, carry [".gpu"], timeout_s 300; about 60 s of run time
+   on an H200), each check in a process of its own (a library that crashes the process, as
+   the einweld FSRCNN and DCGAN builds did before `einweld_pipeline.gpu_schedules`, then
+   costs its own row only), merged into one report::
 
        python3 -c "import tarfile; tarfile.open('.gpu/pack.tar.xz').extractall('/tmp/g')" &&
-       python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/g/*.whl &&
-       PYTHONPATH=/tmp/site PATH=$PATH:/usr/local/cuda/bin python3 \\
-           benchmarks/cuda_device_check.py --run /tmp/g --out $OUT
+       python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/g/*.whl || exit 1
+       export PYTHONPATH=/tmp/site PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
+       for c in $(python3 -c "import json; print(*[c['name'] for c in json.load(open(
+               '/tmp/g/manifest.json'))['checks']])"); do
+           python3 benchmarks/cuda_device_check.py --run /tmp/g --out /tmp/r --only $c \\
+               >> $OUT/log.txt 2>&1 || echo "$c: exit $?" >> $OUT/log.txt; done
+       python3 benchmarks/cuda_device_check.py --merge /tmp/g --results /tmp/r --out $OUT
 
    TVM is imported runtime-only (TVM_USE_RUNTIME_LIB=1, plus libtvm_runtime_cuda.so); TVM's
    load-time compile hook is given the fatbin built here for each source (by sha256; nvcc runs
@@ -317,8 +324,9 @@ def _device_line() -> str:
         return "nvidia-smi unavailable"
 
 
-def run(folder: Path, out: Path) -> int:
-    """Run every exported library on cuda(0); write result.json and result.md into `out`."""
+def run(folder: Path, out: Path, only: str | None = None) -> int:
+    """Run every exported library (or the checks named in `only`, comma-separated) on
+    cuda(0); write result.json and result.md (result_<only>.*) into `out`."""
     counts = _load_runtime(folder)
     import tvm
 
@@ -330,15 +338,16 @@ def run(folder: Path, out: Path) -> int:
     report: Dict[str, Any] = {"device": _device_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
                               "compute": compute, "commit": manifest.get("commit"),
                               "checks": []}
-    rows = ["| check | variant | status | max abs err | max rel err | median ms | einweld/stock |"
-            " max smem B (ptxas) |", "|---|---|---|---|---|---|---|---|"]
     for check in manifest["checks"]:
+        if only and check["name"] not in only.split(","):
+            continue
         data = np.load(folder / f"{check['name']}_in.npz")
         inputs = [data[k] for k in check["inputs"]]
         ref_file = np.load(folder / f"{check['name']}_ref.npz")
         refs = [ref_file[f"arr_{i}"] for i in range(len(ref_file.files))]
         results = {}
         for variant, entry in check["variants"].items():
+            print(check["name"], variant, "...", flush=True)  # the last line before a crash
             if entry.get("file") is None:
                 results[variant] = {"status": "BUILD FAILED", "error": entry.get("build_error")}
             else:
@@ -346,22 +355,53 @@ def run(folder: Path, out: Path) -> int:
             results[variant]["max_smem"] = entry.get("max_smem")
             print(check["name"], variant, json.dumps(results[variant])[:600], flush=True)
         report["checks"].append({"name": check["name"], "results": results})
+    report["compile_hook"] = counts
+    stem = f"result_{only.replace(',', '_')}" if only else "result"
+    _write(report, out, stem)
+    return 0
+
+
+def merge(folder: Path, results: Path, out: Path) -> int:
+    """One result.json / result.md in `out` from the result_<check>.json files that `--run
+    --only <check>` wrote into `results`, one process per check (a check whose process died,
+    a segfault say, gets a row that says so)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    parts = {p.stem[len("result_"):]: json.loads(p.read_text())
+             for p in sorted(results.glob("result_*.json"))}
+    report = dict(next(iter(parts.values()), {"device": "?", "date": "?", "compute": "?"}))
+    report["commit"], report["checks"] = manifest.get("commit"), []
+    for check in manifest["checks"]:
+        found = [c for part in parts.values() for c in part["checks"]
+                 if c["name"] == check["name"]]
+        report["checks"].append(found[0] if found else {"name": check["name"], "results": {
+            v: {"status": "NO RESULT (its process died: see the log)"}
+            for v in check["variants"]}})
+    report["compile_hook"] = {p: part.get("compile_hook") for p, part in parts.items()}
+    _write(report, out, "result")
+    return 0
+
+
+def _write(report: Dict[str, Any], out: Path, stem: str) -> None:
+    """`report` as OUT/<stem>.json and a Markdown table OUT/<stem>.md (printed too)."""
+    rows = ["| check | variant | status | max abs err | max rel err | median ms | einweld/stock |"
+            " max smem B (ptxas) |", "|---|---|---|---|---|---|---|---|"]
+    for check in report["checks"]:
+        results = check["results"]
         stock = results.get("stock", {}).get("median_ms")
         for variant, res in results.items():
-            fmt = (lambda k: f"{res[k]:.2e}" if k in res else "")
+            fmt = (lambda k, r=res: f"{r[k]:.2e}" if k in r else "")
             ms = res.get("median_ms")
             ratio = f"{ms / stock:.2f}" if ms and stock and variant != "stock" else ""
+            smem = res.get("max_smem")
             rows.append(f"| {check['name']} | {variant} | {res['status']} | {fmt('max_abs')} | "
                         f"{fmt('max_rel')} | {f'{ms:.4f}' if ms else ''} | {ratio} | "
-                        f"{res.get('max_smem') if res.get('max_smem') is not None else ''} |")
-    report["compile_hook"] = counts
+                        f"{smem if smem is not None else ''} |")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(report, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
     head = (f"{report['device']} (compute {report['compute']}), {report['date']}, built at "
             f"{report['commit']}\n\n")
-    (out / "result.md").write_text(head + "\n".join(rows) + "\n")
-    print(head + "\n".join(rows), f"\ncompile hook: {counts}")
-    return 0
+    (out / f"{stem}.md").write_text(head + "\n".join(rows) + "\n")
+    print(head + "\n".join(rows))
 
 
 def main() -> int:
@@ -369,7 +409,11 @@ def main() -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--export", metavar="DIR", help="build and export everything into DIR")
     mode.add_argument("--run", metavar="DIR", help="run DIR's libraries on the GPU")
+    mode.add_argument("--merge", metavar="DIR", help="merge --run --only results of DIR's "
+                      "checks (the folder given by --results) into one report in --out")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="--run's result folder")
+    parser.add_argument("--only", help="--run: these checks alone (comma-separated names)")
+    parser.add_argument("--results", help="--merge: the folder of result_<check>.json files")
     parser.add_argument("--ffi-wheel", help="--export: the apache-tvm-ffi cp312 wheel to copy")
     parser.add_argument("--pack", metavar="FILE", help="--export: also write DIR as an xz tar")
     args = parser.parse_args()
@@ -378,7 +422,9 @@ def main() -> int:
         if args.pack:
             pack(Path(args.export), Path(args.pack))
         return 0
-    return run(Path(args.run), Path(args.out))
+    if args.merge:
+        return merge(Path(args.merge), Path(args.results), Path(args.out))
+    return run(Path(args.run), Path(args.out), args.only)
 
 
 if __name__ == "__main__":
