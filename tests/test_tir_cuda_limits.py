@@ -228,3 +228,86 @@ def test_fsrcnn_einweld_cuda_kernels_fit():
     report, executable = _einweld_cuda("fsrcnn", verify=False)
     _fits(executable)
     _assert_refused_not_planned(report)
+
+
+# ----------------------------------------------- the CUDA kernel's own numbers, on the CPU
+def _one_conv(channels: int = 8, size: int = 16):
+    """A 3x3 convolution to one output channel: tiles of a few output elements, far fewer than
+    a block's 128 threads (FSRCNN's deconvolution phases)."""
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, channels, size, size), "float32"))
+    w = relax.const(rng.standard_normal((1, channels, 3, 3)).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.conv2d(x, w, padding=(1, 1)))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def _write_back_after_the_split(sch, rv, depth, threads):
+    """The thread mapping as it was before the H200 run: the reduction's write-back placed
+    under the thread loop after the split, without the split's predicate."""
+    spatial, reduce = codegen._split_loops(sch, rv, depth)
+    if reduce:
+        sch.reorder(*spatial, *reduce)
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    _, thread = sch.split(fused, [None, threads])
+    sch.bind(thread, "threadIdx.x")
+    if reduce:
+        write_back = sch.cache_write(rv, 0, "local")
+        sch.reverse_compute_at(write_back, thread, preserve_unit_loops=True)
+        sch.decompose_reduction(rv, reduce[0])
+
+
+def test_small_tiles_keep_their_writes_in_their_tile():
+    fuse, executable = _fuse(_one_conv())
+    assert fuse.report.replaced == (("gv",),) and not fuse.report.rejected
+    tile = fuse.report.plan.groups[0].candidate.config.tile
+    assert int(np.prod(tile)) < 128  # fewer output elements than threads
+    _fits(executable)
+
+
+def test_planted_unguarded_write_back_is_caught_on_the_cpu(monkeypatch):
+    """Planted fault: the write-back of the old thread mapping, whose surplus threads write
+    their unset registers into the next tiles. In one serial run of all blocks each later
+    tile overwrites that garbage and the output is right; the even and the odd blocks run
+    apart (`serial_threads(func, (2, offset))`) both write those elements, the check fails,
+    and the convolution is left unfused."""
+    monkeypatch.setattr(codegen, "_bind_threads", _write_back_after_the_split)
+    fuse, _ = _fuse(_one_conv())
+    assert fuse.report.replaced == ()
+    (names, why), = fuse.report.rejected
+    assert names == ("gv",) and "written by more than one part" in why
+    # One serial run of every block computes the right output: that check alone would pass.
+    from tvm_einweld.tir_passes.measure import check_parts
+
+    kernels = []
+    real = fusion_mod.serial_threads
+    monkeypatch.setattr(fusion_mod, "serial_threads",
+                        lambda func, blocks: kernels.append(func) or real(func, blocks))
+    fuse, _ = _fuse(_one_conv())
+    graph = fusion_mod.build_tile_graph(prepare()(_one_conv()), "main")
+    assert check_parts([real(kernels[0])], graph, fuse.report.plan.groups[0].sub).ok
+
+
+@T.prim_func(private=True)
+def _one_past_the_end(a: T.Buffer((64,), "float32"), out: T.Buffer((64,), "float32")):
+    for i in range(64):
+        out[(i + 1) % 65] = a[i] + a[i]  # out[64]: one element past the end
+
+
+def test_guard_zones_catch_a_write_past_a_buffer():
+    from tvm_einweld.tir_passes.measure import check_parts
+    from tvm_einweld.tir_passes.tile_graph import build_tile_graph, subgraph
+
+    x = relax.Var("x", relax.TensorType((64,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(y)
+    graph = build_tile_graph(prepare()(bb.get()))
+    sub = subgraph(graph, [graph.nodes[0].name])
+    result = check_parts([_one_past_the_end], graph, sub)
+    assert not result.ok and result.message == "the kernel wrote outside its buffers"

@@ -314,6 +314,12 @@ def _bind_threads(sch, rv, depth, threads: int) -> None:
 
     A reduction accumulates in a per-thread register and writes its result once, so the shared
     tile it produces is not read and written back (with a barrier) at every reduction step.
+    The write-back is placed under the fused spatial loop before that loop is split by the
+    threads, so the split's predicate (a tile of fewer elements than threads, or of a number
+    that is not a multiple of them) guards it as it guards the block: placed under the thread
+    loop after the split it had none, and the surplus threads wrote their unset registers past
+    the tile (FSRCNN's 2x4 convolution tiles: into other tiles' rows and past the output's end;
+    wrong on an H200), and compaction sized shared buffers for them.
     """
     spatial, reduce = _split_loops(sch, rv, depth)
     if not spatial:
@@ -321,12 +327,55 @@ def _bind_threads(sch, rv, depth, threads: int) -> None:
     if reduce:
         sch.reorder(*spatial, *reduce)
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    if reduce:
+        write_back = sch.cache_write(rv, 0, "local")
+        sch.reverse_compute_at(write_back, fused, preserve_unit_loops=True)
     _, thread = sch.split(fused, [None, threads])
     sch.bind(thread, "threadIdx.x")
     if reduce:
-        write_back = sch.cache_write(rv, 0, "local")
-        sch.reverse_compute_at(write_back, thread, preserve_unit_loops=True)
         sch.decompose_reduction(rv, reduce[0])
+
+
+def serial_threads(func: tirx.PrimFunc, blocks: tuple[int, int] = (1, 0)) -> tirx.PrimFunc:
+    """`func` with every thread-bound loop a serial loop, and of the thread blocks (the
+    blockIdx.x loop) only those `offset + k * stride`, for `blocks` = (stride, offset): the
+    CUDA kernel's own TIR, part by part, to be built and run on a CPU
+    (`measure.check_parts`, from `fusion.TileGraphFusion._check`).
+
+    In the tile kernels the threads of a block meet only between thread loops (each a phase:
+    one block of the schedule; TVM's ThreadSync puts a barrier between phases that share a
+    shared buffer) and blocks never meet. Running the phases one after another, each thread's
+    iteration in turn, is therefore one of the executions the barriers allow, and computes
+    what the kernel computes: its index arithmetic, predicates, buffer shapes and offsets are
+    the ones the GPU runs. A block that writes outside its own tile is what a serial run
+    hides (the owner runs later and overwrites it); the blocks of different parts run in
+    different calls, so `check_parts` sees such a write as an element two parts wrote. What
+    this cannot show is a race TVM's barriers miss, or an error of the CUDA code generator.
+    A per-thread (local) buffer allocated outside its thread loop is shared by the serial
+    iterations: a kernel relying on such a buffer across phases fails the check, never
+    passes it wrongly. (The parts are strided, not reversed: a loop counting down, as
+    `extent - 1 - k`, made TVM's CPU lowering write outside a shared buffer.)
+    """
+    from tvm_ffi import structural_mutate
+
+    stride, offset = blocks
+
+    def serial(loop, mutator):
+        loop = mutator.default_mutate(loop)
+        if loop.kind != tirx.ForKind.THREAD_BINDING:
+            return loop
+        var, extent, body = loop.loop_var, loop.extent, loop.body
+        if loop.thread_binding.thread_tag == "blockIdx.x" and (stride, offset) != (1, 0):
+            total = int(loop.extent)
+            var = tirx.Var(loop.loop_var.name + "_part", loop.loop_var.ty)
+            extent = tirx.IntImm(loop.loop_var.ty, max(0, -(-(total - offset) // stride)))
+            block = var * stride + offset
+            body = structural_mutate(body, [(tirx.Var, lambda v, m: block if v.same_as(
+                loop.loop_var) else v)])
+        return tirx.For(var, loop.min, extent, tirx.ForKind.SERIAL, body, None,
+                        loop.annotations)
+
+    return structural_mutate(func, [(tirx.For, serial)])
 
 
 # ----------------------------------------------------------------- the check of what is emitted

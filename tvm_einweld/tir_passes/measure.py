@@ -337,6 +337,78 @@ def check_group(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target="ll
     return CheckResult(result.equal, result.max_abs_error, "ok" if result.equal else result.what)
 
 
+def check_parts(parts, graph: TileGraph, sub: SubGraph, rtol: float = 1e-4,
+                atol: float = 1e-4, seed: int = 0) -> CheckResult:
+    """`check_group` of a kernel split into `parts` (PrimFuncs that each compute some of its
+    output's elements, e.g. `codegen.serial_threads` of some of a CUDA kernel's blocks), run
+    on this CPU one after another, each on a fresh output filled with a byte pattern and every
+    buffer between guard zones (`_guarded`).
+
+    The kernel is equal to the graph when every output element is written by exactly one part
+    and the elements so assembled equal the reference (as `check_group` compares). An element
+    two parts wrote is a block writing into another's tile, which a single serial run hides
+    (the owner, running later, overwrites it) and a GPU runs as a race; an element no part
+    wrote is left unset; a changed guard zone is a write outside a buffer. (An output element
+    that equals the pattern byte for byte counts as unwritten: a false alarm, never a pass.)
+    """
+    arrays = group_arrays(graph, sub, seed)
+    out = graph.tensors[sub.output]
+    try:
+        expected = run_reference(graph, sub, arrays, "llvm")
+        got = np.zeros(out.shape, out.dtype)
+        written = np.zeros(out.shape, np.int64)
+        for part in parts:
+            lib = build(part, "llvm")
+            unset = np.empty(out.shape, out.dtype)
+            unset.view(np.uint8)[...] = _GUARD_BYTE
+            views = [_guarded(a) for a in (*arrays, unset)]
+            lib["main"](*[tvm.runtime.from_dlpack(view) for view, _ in views])
+            if not all(intact() for _, intact in views):
+                return CheckResult(False, float("inf"), "the kernel wrote outside its buffers")
+            result = views[-1][0]
+            mask = _changed(result, unset)
+            got[mask] = result[mask]
+            written += mask
+    except Exception as err:  # pylint: disable=broad-except  # any failure means "do not use"
+        return CheckResult(False, float("inf"), f"check could not run: {err}")
+    if np.any(written > 1):
+        return CheckResult(False, float("inf"), f"{int(np.sum(written > 1))} output elements "
+                           "written by more than one part: a block writes into another's tile")
+    if np.any(written == 0):
+        return CheckResult(False, float("inf"),
+                           f"{int(np.sum(written == 0))} output elements never written")
+    exact = got.dtype.kind != "f"
+    result = compare_arrays([("output", got, expected)], str(got.dtype), "fused kernel vs graph",
+                            rtol=0.0 if exact else rtol, atol=0.0 if exact else atol)
+    return CheckResult(result.equal, result.max_abs_error, "ok" if result.equal else result.what)
+
+
+def _changed(result: np.ndarray, unset: np.ndarray) -> np.ndarray:
+    """Elements of `result` whose bytes differ from the same element of `unset`."""
+    width = result.dtype.itemsize
+    a = np.ascontiguousarray(result).view(np.uint8).reshape(-1, width)
+    b = unset.view(np.uint8).reshape(-1, width)
+    return np.any(a != b, axis=1).reshape(result.shape)
+
+
+_GUARD_BYTE = 0xA5
+_ALIGN = 64  # TVM's kernels assume buffers aligned to 64 bytes
+
+
+def _guarded(array: np.ndarray):
+    """(a copy of `array` inside a larger allocation, 64-byte aligned, with a guard zone of
+    at least its own size before and after it; a function saying whether both guards still
+    hold their pattern)."""
+    size = max(array.nbytes, 1)
+    pad = -(-size // _ALIGN) * _ALIGN
+    raw = np.full(2 * pad + size + _ALIGN, _GUARD_BYTE, dtype=np.uint8)
+    start = (-raw.ctypes.data) % _ALIGN + pad
+    view = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    view[...] = array
+    before, after = raw[:start], raw[start + array.nbytes:]
+    return view, lambda: bool(np.all(before == _GUARD_BYTE) and np.all(after == _GUARD_BYTE))
+
+
 def generated_source(executable, kind: str = "cuda") -> str:
     """The source text of every `kind` module an executable of tvm.compile carries."""
     sources = []
