@@ -6,7 +6,10 @@ and a kernel that did not lower (DCGAN). Here, with no GPU and no nvcc: every ke
 build emits is read back from the generated CUDA source, and its `__shared__` arrays summed
 (`_static_shared`, independent of the TIR count the pass itself uses), for the reproductions
 of that report. Planted faults (a footprint model that says 0 B, the check switched off, a
-missed allocation) show which part keeps the limit.
+missed allocation) show which part keeps the limit. The second GPU run found a kernel whose
+surplus threads wrote into other tiles (FSRCNN, wrong on an H200): the CUDA kernel's own TIR
+is now run on the CPU, its even and odd blocks apart between guard zones, and the old
+write-back planted again is caught there.
 """
 from __future__ import annotations
 
