@@ -206,3 +206,23 @@ def test_a_depthwise_conv_with_partial_rows_against_numpy(channels, size, stride
     np.testing.assert_allclose(got.numpy(), expect, rtol=1e-5, atol=1e-5)
     if size == 28 and LANES == 16:
         assert _loads(_lowered(scheduled))[0] > 0
+
+
+def test_a_strided_view_is_not_widened_past_its_rows():
+    """A parameter declared with strides (a column slice of a wider array): its flattened
+    extent runs past the memory it views (the last row's padding), so its partial rows are not
+    read as whole registers, though the analyzer would prove them inside that extent."""
+
+    @T.prim_func(s_tir=True)
+    def func(a: T.handle, b: T.handle):
+        A = T.match_buffer(a, (4, 3), "float32", strides=[8, 1])
+        B = T.match_buffer(b, (4, 3), "float32")
+        for i in range(4):
+            for j in T.vectorized(3):
+                with T.sblock("copy"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    B[vi, vj] = A[vi, vj]
+
+    generic = tvm.target.Target({"kind": "llvm"})  # 4 float lanes: a 3-lane row is partial
+    counts = _accesses(_lowered(func.with_attr("global_symbol", "main"), generic))
+    assert counts["wide"] == 0 and counts["partial"] >= 1, counts

@@ -297,7 +297,10 @@ class EinweldOptimize:
                 **self.tune_options)
             # The tasks are the kernels before the default GPU schedules; those left untuned
             # get them after (`gpu_schedules`).
-            tuned = [(0, gpu_schedules(target)(stage(variants[0].unscheduled)))]
+            tuned_mod = stage(variants[0].unscheduled)
+            if "gpu" in target.keys:
+                tuned_mod = gpu_schedules(target)(tuned_mod)
+            tuned = [(0, tuned_mod)]
         # Each record was checked alone; each whole tuned module (with its compile-time weight
         # layout transforms, which stock TVM 0.27 gets wrong for some tuned ConvTranspose
         # kernels) is checked against the untuned one before it is used.

@@ -122,13 +122,16 @@ def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ())
 def vm_input(array: np.ndarray):
     """A TVM tensor for a numpy input: the array itself (DLPack, no copy) where TVM can read it
     in place, C-contiguous and aligned as TVM's buffers declare (`isolation.aligned`), as
-    onnxruntime reads any numpy input; else (read-only, non-native byte order, empty) a copy.
+    onnxruntime reads any numpy input; else (read-only, non-native byte order, a dtype numpy
+    does not export, empty) a copy.
     A Relax function does not write its parameters, so the caller's array is left as it was."""
     import tvm
 
+    # numpy exports neither read-only arrays nor ml_dtypes' (bfloat16, float8) through DLPack
     if array.flags.c_contiguous and array.flags.writeable and array.dtype.isnative and \
-            array.size and array.ctypes.data % INPUT_ALIGNMENT == 0:
-        return tvm.runtime.from_dlpack(array)  # (numpy exports no read-only array)
+            array.dtype.kind in "biuf" and array.size and \
+            array.ctypes.data % INPUT_ALIGNMENT == 0:
+        return tvm.runtime.from_dlpack(array)
     return tvm.runtime.tensor(np.ascontiguousarray(array))
 
 

@@ -26,6 +26,8 @@ A pattern the schedule primitives reject raises `Unsupported`; the caller leaves
 """
 from __future__ import annotations
 
+import logging
+
 import tvm
 from tvm import relax, s_tir, tirx
 
@@ -459,6 +461,16 @@ def _elements(buffer: tirx.Buffer) -> int:
     return count
 
 
+def _unexpected(err: Exception) -> str:
+    """`_last_line(err)`, with a warning where the error is not one TVM raises for a kernel
+    it refuses (RuntimeError / ValueError and their subclasses): a bug of ours must not pass
+    silently as a refused tile."""
+    if not isinstance(err, (RuntimeError, ValueError)):
+        logging.getLogger(__name__).warning("CUDA kernel check: unexpected %s: %s",
+                                            type(err).__name__, err)
+    return _last_line(err)
+
+
 def cuda_kernel_problem(func: tirx.PrimFunc, target, device: Device) -> str | None:
     """Why the scheduled tile kernel `func` must not be emitted for the CUDA `target`, or None.
 
@@ -476,13 +488,13 @@ def cuda_kernel_problem(func: tirx.PrimFunc, target, device: Device) -> str | No
     try:
         s_tir.analysis.verify_well_formed(func)
     except Exception as err:  # pylint: disable=broad-except  # ill-formed: not emitted
-        return f"not well formed: {_last_line(err)}"
+        return f"not well formed: {_unexpected(err)}"
     try:
         device_mods = lower_device_kernels(func, target)
         for device_target, mod in device_mods.items():
             codegen_build(mod, device_target)
     except Exception as err:  # pylint: disable=broad-except  # does not build: not emitted
-        return f"does not lower or build: {_last_line(err)}"
+        return f"does not lower or build: {_unexpected(err)}"
     try:
         counted = shared_bytes(device_mods.values())
     except Unsupported as err:

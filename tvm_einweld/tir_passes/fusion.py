@@ -167,7 +167,8 @@ class KernelFactory:
             return None
         func, problem = self._schedule(sub, merged, config, sub_tiles)
         if func is None and sub_tiles:
-            func, problem = self._schedule(sub, merged, config, {})
+            func, retry_problem = self._schedule(sub, merged, config, {})
+            problem = retry_problem or problem  # keep the first attempt's reason if none new
         names, tile = tuple(n.name for n in sub.nodes), tuple(int(t) for t in config.tile)
         if func is None and problem is not None:
             self.refused[(names, tile)] = problem
@@ -428,8 +429,10 @@ class TileGraphFusion:
         # The CUDA kernel itself on this CPU, its thread loops run one after another, its even
         # and its odd blocks apart (`codegen.serial_threads`, `measure.check_parts`): its
         # index arithmetic, predicates and tile buffers are checked, and a write outside a
-        # buffer or into another block's tile is caught (FSRCNN's unguarded write-backs,
-        # wrong on an H200, were). A plan's CPU twin, which this replaces, shared none of it.
+        # buffer or into the tile of a block an odd number of blocks away is caught
+        # (FSRCNN's unguarded write-backs, wrong on an H200, were; a write an even distance
+        # away lands in the same part and is not). A plan's CPU twin, which this replaces,
+        # shared none of it.
         parts = [serial_threads(func, (2, offset)) for offset in (0, 1)]
         return check_parts(parts, graph, sub)
 

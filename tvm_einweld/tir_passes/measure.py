@@ -346,7 +346,8 @@ def check_parts(parts, graph: TileGraph, sub: SubGraph, rtol: float = 1e-4,
 
     The kernel is equal to the graph when every output element is written by exactly one part
     and the elements so assembled equal the reference (as `check_group` compares). An element
-    two parts wrote is a block writing into another's tile, which a single serial run hides
+    two parts wrote is a block writing into another's tile (only across parts: a block
+    writing into the tile of another block of its own part goes unseen), which a single serial run hides
     (the owner, running later, overwrites it) and a GPU runs as a race; an element no part
     wrote is left unset; a changed guard zone is a write outside a buffer. (An output element
     that equals the pattern byte for byte counts as unwritten: a false alarm, never a pass.)

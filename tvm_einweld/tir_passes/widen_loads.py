@@ -29,7 +29,8 @@ Why it is correct
   variables and bound variables around the load can take (their ranges; conditions around
   the load are not used, so the proof holds whether or not the load is guarded): the extra
   lanes lie inside the same allocation (a flattened buffer is one contiguous allocation, its
-  extent the declared shape). A racing write to a dropped lane does not matter: its value is
+  extent the declared shape; in a function that declares a buffer with strides, a view into
+  a larger array whose flattened extent may run past that array, no load is widened this way). A racing write to a dropped lane does not matter: its value is
   never used. Masked lanes are not accessed at all (the hardware suppresses their faults).
   Only flattened (1-D) accesses with stride 1, constant lanes and scalar elements of at least
   a byte are rewritten; a load under `address_of` names an address and is left alone.
@@ -42,7 +43,7 @@ from __future__ import annotations
 import tvm
 from tvm import ir, tirx
 from tvm.sym import Analyzer
-from tvm_ffi import structural_mutate
+from tvm_ffi import structural_map, structural_mutate
 
 
 def _pow2_at_least(value: int) -> int:
@@ -85,6 +86,14 @@ def _vector_type(element, lanes: int) -> str:
     return f"{tvm.runtime.DataType(str(element)).with_lanes(1)}x{lanes}"
 
 
+def _declares_strides(func: tirx.PrimFunc) -> bool:
+    """Whether `func` declares a buffer with explicit strides (a view into a larger array)."""
+    found = []
+    structural_map(func, [(tirx.DeclBuffer, lambda node: found.append(True)
+                           if len(node.buffer.strides) else None)])
+    return bool(found)
+
+
 def widen_function(func: tirx.PrimFunc, register_bits: int, masked: bool = False
                    ) -> tirx.PrimFunc:
     """`func` with its partial vector loads widened where provably in bounds, and, with
@@ -107,6 +116,11 @@ def widen_function(func: tirx.PrimFunc, register_bits: int, masked: bool = False
             return node
         return mutator.default_mutate(node)
 
+    # A strided view's flattened extent spans its last row's padding, which may lie past the
+    # memory it views (a column slice); TIR ties the flattened buffer to the view only through
+    # expressions, so a function with any strided buffer gets no unmasked widening at all.
+    compact = not _declares_strides(func)
+
     def load(node, mutator):
         node = mutator.default_mutate(node)  # its indices first (a load may index by a load)
         partial = _partial_ramp(node.indices, node.ty, register_bits)
@@ -114,7 +128,7 @@ def widen_function(func: tirx.PrimFunc, register_bits: int, masked: bool = False
             return node
         ramp, lanes, wide = partial
         indices = [tirx.Ramp(ramp.base, 1, wide)]
-        if analyzer.can_prove(ramp.base + wide <= node.source.shape[0]):
+        if compact and analyzer.can_prove(ramp.base + wide <= node.source.shape[0]):
             whole = tirx.BufferLoad(node.source, indices)
         elif masked:
             whole = tirx.call_intrin(_vector_type(node.ty, wide), "tirx.masked_load",
@@ -148,10 +162,14 @@ class WidenPartialLoads:  # pylint: disable=too-few-public-methods
     """Function pass: `widen_function` on every CPU function (lowered TIR)."""
 
     def transform_function(self, func: tirx.PrimFunc, _mod, _ctx=None) -> tirx.PrimFunc:
-        from .rules.cpu.isa import vector_isa  # pylint: disable=import-outside-toplevel
+        from .rules.cpu.isa import has_feature, vector_isa  # pylint: disable=import-outside-toplevel
 
         target = func.attrs.get("target") if func.attrs is not None else None
         if target is None or target.kind.name != "llvm":
             return func
         isa = vector_isa(target)
-        return widen_function(func, isa.bits, isa.masked)
+        # masks on vectors narrower than a register need AVX512VL, on 8/16-bit lanes AVX512BW:
+        # without them LLVM branches lane by lane
+        masked = isa.masked and has_feature("avx512vl", target) and \
+            has_feature("avx512bw", target)
+        return widen_function(func, isa.bits, masked)

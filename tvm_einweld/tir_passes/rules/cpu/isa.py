@@ -57,7 +57,8 @@ def _fma_units(pipes: int, pipe_bits: int, bits: int) -> int:
     return max(1, pipes * min(pipe_bits, bits) // bits)
 
 
-def _has(feature: str, target: tvm.target.Target) -> bool:
+def has_feature(feature: str, target: tvm.target.Target) -> bool:
+    """Whether LLVM's `target` has the CPU `feature` (False off x86 or for an unknown name)."""
     try:
         return bool(codegen.target_has_features(feature, target))
     except Exception:  # pylint: disable=broad-except  # non-x86 or unknown feature name
@@ -96,8 +97,8 @@ def vector_isa(target: tvm.target.Target | str) -> VectorISA:
     triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
     if triple.startswith(("aarch64", "arm64")):
         return VectorISA(bits=128, registers=32, fma=True)
-    if _has("avx512f", target):
+    if has_feature("avx512f", target):
         return _with_pipes(VectorISA(bits=512, registers=32, fma=True, masked=True), target)
-    if _has("avx2", target) or _has("avx", target):
-        return _with_pipes(VectorISA(bits=256, registers=16, fma=_has("fma", target)), target)
+    if has_feature("avx2", target) or has_feature("avx", target):
+        return _with_pipes(VectorISA(bits=256, registers=16, fma=has_feature("fma", target)), target)
     return VectorISA(bits=128, registers=16, fma=False)
