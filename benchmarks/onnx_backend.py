@@ -97,6 +97,7 @@ def worker_tvm(entry: ob.BackendModel, weights: str, repeats: int, out: Path) ->
     import tvm
     from tvm import relax
 
+    from tvm_einweld.bench.runners import flatten_outputs, vm_input
     from tvm_einweld.tir_passes.device import host_target
 
     prepared = ob.prepare(entry, weights, RANDOM_SEED)
@@ -114,8 +115,8 @@ def worker_tvm(entry: ob.BackendModel, weights: str, repeats: int, out: Path) ->
     executable = compiled.executable
     inputs = _inputs(entry, prepared)
     main = relax.VirtualMachine(executable, tvm.cpu())["main"]
-    args = [tvm.runtime.tensor(np.require(inputs[n], requirements="C")) for n in prepared.input_names]
-    outputs = ob.flatten_outputs(main(*args))
+    args = [vm_input(inputs[n]) for n in prepared.input_names]
+    outputs = flatten_outputs(main(*args))
     np.savez(out / "outputs.npz", *outputs)
     result["seconds"] = _time(lambda: main(*args), repeats)
     return {**result, "imported": True, "reason": None}

@@ -98,10 +98,11 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
     return [i.name for i in model.graph.input if i.name not in inits]
 
 
-def _to_numpy_list(result) -> list[np.ndarray]:
+def flatten_outputs(result) -> list[np.ndarray]:
+    """A VM result (a tensor, or nested tuples of them) as the list of its numpy arrays."""
     if hasattr(result, "numpy"):
         return [result.numpy()]
-    return [r for item in result for r in _to_numpy_list(item)]
+    return [array for item in result for array in flatten_outputs(item)]
 
 
 def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ()) -> RunFn:
@@ -113,7 +114,7 @@ def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ())
 
     def run(inputs: Inputs) -> list[np.ndarray]:
         args = [vm_input(inputs[n]) for n in input_names]
-        return _to_numpy_list(main(*args, *extra_args))
+        return flatten_outputs(main(*args, *extra_args))
 
     # The pool size TVM's runtime chose (TVM_NUM_THREADS, else half the logical CPUs).
     return with_settings(run, tvm_pool_threads=tvm.get_global_func("runtime.NumThreads")())

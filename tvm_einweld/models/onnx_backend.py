@@ -470,16 +470,12 @@ def run_tvm(executable, inputs: dict[str, np.ndarray], input_names: Sequence[str
     import tvm  # pylint: disable=import-outside-toplevel
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
-    from ..bench.runners import vm_input  # pylint: disable=import-outside-toplevel
+    from ..bench.runners import flatten_outputs, vm_input  # pylint: disable=import-outside-toplevel
 
     main = relax.VirtualMachine(executable, tvm.cpu())["main"]
     return flatten_outputs(main(*[vm_input(inputs[n]) for n in input_names]))
 
 
-def flatten_outputs(result) -> list[np.ndarray]:
-    if hasattr(result, "numpy"):
-        return [result.numpy()]
-    return [array for item in result for array in flatten_outputs(item)]
 
 
 def compare_outputs(got: Sequence[np.ndarray], reference: Sequence[np.ndarray], what: str):
