@@ -478,8 +478,8 @@ def cuda_kernel_problem(func: tirx.PrimFunc, target, device: Device) -> str | No
     TIR pipeline and generate its device code (`lower_device_kernels`, then the target's code
     generator: CUDA source, or a binary where TVM compiles it), and each device kernel's
     shared memory, summed over its lowered allocations (`shared_bytes`), must keep to
-    `device.shared_limits(device)`: static shared memory within what a block may declare, static plus
-    dynamic within the device model's budget. Those allocations are the ones the code
+    `device.shared_limits(device)`: static shared memory within what a block may declare,
+    static plus dynamic within the device model's budget. Those allocations are the ones the code
     generator emits, so a kernel that passes declares no more than the limits; one that fails
     any step is reported and never used (its group keeps its unfused kernels).
     """

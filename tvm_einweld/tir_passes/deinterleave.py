@@ -28,8 +28,8 @@ Why it is correct
   addressed otherwise); a load under `address_of` names an address and is left alone.
 
 When: after TVM's whole TIR lowering (`register_tir_pipeline`: the default pipeline, then this
-pass and `widen_loads`), so that it sees the loads `VectorizeLoop` made. `parallel_build` builds the CPU kernels
-with that pipeline.
+pass and `widen_loads`), so that it sees the loads `VectorizeLoop` made. `parallel_build`
+builds the CPU kernels with that pipeline.
 """
 from __future__ import annotations
 
@@ -60,20 +60,39 @@ def chunk_plan(stride: int, lanes: int) -> tuple[tuple[int, ...], tuple[int, ...
     return starts, tuple(indices)
 
 
+def flat_vector_ramp(indices, ty) -> tuple[tirx.Ramp, int, int] | None:
+    """(ramp, stride, lanes) of a flattened (1-D) vector access `X[Ramp(base, stride, lanes)]`
+    with constant stride and lanes whose elements are scalars of at least a byte; None for any
+    other access (elements that are vectors themselves, or packed below a byte, are addressed
+    otherwise). Shared with `widen_loads`."""
+    if len(indices) != 1 or not isinstance(indices[0], tirx.Ramp):
+        return None
+    ramp = indices[0]
+    if not isinstance(ramp.stride, tirx.IntImm) or not isinstance(ramp.lanes, tirx.IntImm):
+        return None
+    element = tvm.runtime.DataType(str(ty))
+    if element.lanes != int(ramp.lanes) or element.bits < 8:
+        return None
+    return ramp, int(ramp.stride), int(ramp.lanes)
+
+
+def skip_address_of(node, mutator):
+    """structural_mutate callback for calls: a load under `address_of` names an address, it
+    is not descended (shared with `widen_loads`)."""
+    if isinstance(node.op, ir.Op) and node.op.name == "tirx.address_of":
+        return node
+    return mutator.default_mutate(node)
+
+
 def deinterleave_load(load: ir.TensorLoad) -> tirx.Expr:
     """`load` as contiguous loads and a shuffle, or `load` itself where it is not a flattened
     strided vector load with a constant stride in [2, MAX_STRIDE] (see the module docstring)."""
-    if len(load.indices) != 1 or not isinstance(load.indices[0], tirx.Ramp):
+    access = flat_vector_ramp(load.indices, load.ty)
+    if access is None:
         return load
-    ramp = load.indices[0]
-    if not isinstance(ramp.stride, tirx.IntImm) or not isinstance(ramp.lanes, tirx.IntImm):
-        return load
-    stride, lanes = int(ramp.stride), int(ramp.lanes)
+    ramp, stride, lanes = access
     if not 2 <= stride <= MAX_STRIDE or lanes < MIN_LANES:
         return load
-    element = tvm.runtime.DataType(str(load.ty))
-    if element.lanes != lanes or element.bits < 8:
-        return load  # elements that are vectors themselves, or packed below a byte
     starts, indices = chunk_plan(stride, lanes)
     chunks = [tirx.BufferLoad(load.source, [tirx.Ramp(ramp.base + start, 1, lanes)])
               for start in starts]
@@ -85,15 +104,10 @@ class DeinterleaveStridedLoads:  # pylint: disable=too-few-public-methods
     """Module pass: `deinterleave_load` on every load of every function (lowered TIR)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
-        def call(node, mutator):  # a load under address_of names an address: not descended
-            if isinstance(node.op, ir.Op) and node.op.name == "tirx.address_of":
-                return node
-            return mutator.default_mutate(node)
-
         def load(node, mutator):  # its indices first (a load may index by a load)
             return deinterleave_load(mutator.default_mutate(node))
 
-        return structural_mutate(mod, [(ir.Call, call), (ir.TensorLoad, load)])
+        return structural_mutate(mod, [(ir.Call, skip_address_of), (ir.TensorLoad, load)])
 
 
 def register_tir_pipeline() -> None:

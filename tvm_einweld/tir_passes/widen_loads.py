@@ -30,8 +30,9 @@ Why it is correct
   the load are not used, so the proof holds whether or not the load is guarded): the extra
   lanes lie inside the same allocation (a flattened buffer is one contiguous allocation, its
   extent the declared shape; in a function that declares a buffer with strides, a view into
-  a larger array whose flattened extent may run past that array, no load is widened this way). A racing write to a dropped lane does not matter: its value is
-  never used. Masked lanes are not accessed at all (the hardware suppresses their faults).
+  a larger array whose flattened extent may run past that array, no load is widened this
+  way). A racing write to a dropped lane does not matter: its value is never used. Masked
+  lanes are not accessed at all (the hardware suppresses their faults).
   Only flattened (1-D) accesses with stride 1, constant lanes and scalar elements of at least
   a byte are rewritten; a load under `address_of` names an address and is left alone.
 
@@ -44,6 +45,8 @@ import tvm
 from tvm import ir, tirx
 from tvm.sym import Analyzer
 from tvm_ffi import structural_map, structural_mutate
+
+from .deinterleave import flat_vector_ramp, skip_address_of
 
 
 def _pow2_at_least(value: int) -> int:
@@ -61,18 +64,14 @@ def widened_lanes(lanes: int, register_lanes: int) -> int | None:
 
 def _partial_ramp(indices, ty, register_bits: int) -> tuple[tirx.Ramp, int, int] | None:
     """(ramp, lanes, widened lanes) of a flattened, stride-1 access of scalar elements of at
-    least a byte that `widened_lanes` widens; None for any other access."""
-    if len(indices) != 1 or not isinstance(indices[0], tirx.Ramp):
+    least a byte (`deinterleave.flat_vector_ramp`) that `widened_lanes` widens; None for any
+    other access."""
+    access = flat_vector_ramp(indices, ty)
+    if access is None or access[1] != 1:
         return None
-    ramp = indices[0]
-    if not (isinstance(ramp.stride, tirx.IntImm) and int(ramp.stride) == 1
-            and isinstance(ramp.lanes, tirx.IntImm)):
-        return None
-    element = tvm.runtime.DataType(str(ty))
-    lanes = int(ramp.lanes)
-    if element.lanes != lanes or element.bits < 8:
-        return None
-    wide = widened_lanes(lanes, register_bits // element.bits)
+    ramp, _, lanes = access
+    bits = tvm.runtime.DataType(str(ty)).bits
+    wide = widened_lanes(lanes, register_bits // bits)
     return None if wide is None else (ramp, lanes, wide)
 
 
@@ -109,11 +108,6 @@ def widen_function(func: tirx.PrimFunc, register_bits: int, masked: bool = False
     def bind(node, mutator):  # Bind (a LetStmt) and Let: the variable's value
         if str(node.var.ty).startswith(("int", "uint")):  # indices: not handles or floats
             analyzer.bind(node.var, node.value, allow_override=True)
-        return mutator.default_mutate(node)
-
-    def call(node, mutator):  # a load under address_of names an address: not descended
-        if isinstance(node.op, ir.Op) and node.op.name == "tirx.address_of":
-            return node
         return mutator.default_mutate(node)
 
     # A strided view's flattened extent spans its last row's padding, which may lie past the
@@ -153,7 +147,7 @@ def widen_function(func: tirx.PrimFunc, register_bits: int, masked: bool = False
                                               _lane_mask(lanes, wide)))
 
     return structural_mutate(func, [(tirx.For, loop), (tirx.Bind, bind), (tirx.Let, bind),
-                                    (ir.Call, call), (ir.TensorLoad, load),
+                                    (ir.Call, skip_address_of), (ir.TensorLoad, load),
                                     (tirx.BufferStore, store)])
 
 
@@ -162,7 +156,8 @@ class WidenPartialLoads:  # pylint: disable=too-few-public-methods
     """Function pass: `widen_function` on every CPU function (lowered TIR)."""
 
     def transform_function(self, func: tirx.PrimFunc, _mod, _ctx=None) -> tirx.PrimFunc:
-        from .rules.cpu.isa import has_feature, vector_isa  # pylint: disable=import-outside-toplevel
+        # pylint: disable-next=import-outside-toplevel
+        from .rules.cpu.isa import has_feature, vector_isa
 
         target = func.attrs.get("target") if func.attrs is not None else None
         if target is None or target.kind.name != "llvm":
