@@ -331,10 +331,7 @@ def check_group(func: tirx.PrimFunc, graph: TileGraph, sub: SubGraph, target="ll
         got = result.numpy()
     except Exception as err:  # pylint: disable=broad-except  # any failure means "do not use"
         return CheckResult(False, float("inf"), f"check could not run: {err}")
-    exact = got.dtype.kind != "f"
-    result = compare_arrays([("output", got, expected)], str(got.dtype), "fused kernel vs graph",
-                            rtol=0.0 if exact else rtol, atol=0.0 if exact else atol)
-    return CheckResult(result.equal, result.max_abs_error, "ok" if result.equal else result.what)
+    return _compared(got, expected, rtol, atol)
 
 
 def check_parts(parts, graph: TileGraph, sub: SubGraph, rtol: float = 1e-4,
@@ -347,9 +344,9 @@ def check_parts(parts, graph: TileGraph, sub: SubGraph, rtol: float = 1e-4,
     The kernel is equal to the graph when every output element is written by exactly one part
     and the elements so assembled equal the reference (as `check_group` compares). An element
     two parts wrote is a block writing into another's tile (only across parts: a block
-    writing into the tile of another block of its own part goes unseen), which a single serial run hides
-    (the owner, running later, overwrites it) and a GPU runs as a race; an element no part
-    wrote is left unset; a changed guard zone is a write outside a buffer. (An output element
+    writing into the tile of another block of its own part goes unseen), which a single
+    serial run hides (the owner, running later, overwrites it) and a GPU runs as a race; an
+    element no part wrote is left unset; a changed guard zone is a write outside a buffer. (An output element
     that equals the pattern byte for byte counts as unwritten: a false alarm, never a pass.)
     """
     arrays = group_arrays(graph, sub, seed)
@@ -378,6 +375,12 @@ def check_parts(parts, graph: TileGraph, sub: SubGraph, rtol: float = 1e-4,
     if np.any(written == 0):
         return CheckResult(False, float("inf"),
                            f"{int(np.sum(written == 0))} output elements never written")
+    return _compared(got, expected, rtol, atol)
+
+
+def _compared(got: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> CheckResult:
+    """A fused kernel's output against the graph's, as every check of the package compares
+    (`verify.random_testing.compare_arrays`): floats within `rtol`/`atol`, integers exactly."""
     exact = got.dtype.kind != "f"
     result = compare_arrays([("output", got, expected)], str(got.dtype), "fused kernel vs graph",
                             rtol=0.0 if exact else rtol, atol=0.0 if exact else atol)
