@@ -128,10 +128,47 @@ def test_concat_slice_pad():
           lambda x: np.pad(x, [(0, 0), (1, 2), (3, 19)]), [(2, 3, 29)])
 
 
-@pytest.mark.parametrize("shape,k,s,p", [((1, 3, 11, 11), 3, 2, 1), ((2, 2, 37, 41), 2, 2, 0)])
+@pytest.mark.parametrize("shape,k,s,p", [((1, 3, 11, 11), 3, 2, 1), ((2, 2, 37, 41), 2, 2, 0),
+                                         ((1, 2, 7, 75), 3, 2, 1), ((1, 2, 5, 67), 3, 1, 1)])
 def test_max_pool(shape, k, s, p):
     check(lambda x: R.nn.max_pool2d(x, pool_size=(k, k), strides=(s, s), padding=(p, p)),
           lambda x: _max_pool(x, k, s, p), [shape])
+    check(lambda x: R.nn.max_pool2d(x, pool_size=(k, k), strides=(s, s), padding=(p, p)),
+          lambda x: _max_pool(x, k, s, p), [shape], dtype="float64")
+
+
+def _window_accumulators(sch) -> tuple[list, list]:
+    """(sizes of the non-output buffers that reduction blocks write, names of the reduction
+    blocks that write an output) of a scheduled kernel."""
+    params = list(sch.mod["main"].params)
+    written, into_output = [], []
+
+    def walk(rv):
+        for child in sch.get_child_blocks(rv):
+            block = sch.get(child)
+            if block.init is not None:
+                buf = block.writes[0].source
+                if any(buf.same_as(p) for p in params):
+                    into_output.append(block.name_hint)
+                else:
+                    written.append(int(np.prod([int(d) for d in buf.shape])))
+            walk(child)
+    walk(sch.get_sblock("root"))
+    return written, into_output
+
+
+def test_window_reductions_accumulate_in_registers():
+    """Each vector chunk of a pooling row reduces into a buffer of one vector (kept in a
+    register), not into the output (a load-max-store through memory per window tap)."""
+    func = prepare()(_module(lambda x: R.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2),
+                                                       padding=(1, 1)), [(1, 2, 7, 75)],
+                             "float32"))
+    name = next(gv for gv in func.get_global_vars() if gv.name_hint != "main")
+    sch = injective.schedule_injective(func[name], TARGET)
+    lanes = injective.cpu_params(TARGET).lanes("float32")
+    written, into_output = _window_accumulators(sch)
+    assert written and all(n <= lanes for n in written), written
+    assert not into_output, into_output
 
 
 def test_avg_pool_is_correct_whether_claimed_or_not():
