@@ -665,6 +665,9 @@ class Row:
     load_before: float
     load_after: float
     seconds: float  # wall time of the row (preparing included)
+    # Core-to-core round trip (ns) before and after the rounds (`machine.measure_round_trip_ns`)
+    round_trip_before: Optional[float] = None
+    round_trip_after: Optional[float] = None
 
     def cell(self, runner: str) -> Optional[Cell]:
         return next((c for c in self.cells if c.runner == runner), None)
@@ -759,6 +762,7 @@ def measure_row(kernel: Kernel, specs: Sequence[RunnerSpec], workers: Workers, p
             numbers[name] = worker.calibrate(plan.min_round_seconds)
         except WorkerError as err:
             problems[name] = (FAILED, f"calibrating: {err}")
+    trip_before = machine.measure_round_trip_ns() if numbers else None  # workers quiet now
     timings: dict[str, Timing] = alternate_rounds(
         {name: ready[name].sample for name in numbers}, plan.repeats, plan.warmup, numbers,
         on_error=lambda name, err: problems.setdefault(name, (FAILED, f"timing: {err}")))
@@ -782,10 +786,14 @@ def measure_row(kernel: Kernel, specs: Sequence[RunnerSpec], workers: Workers, p
                  if copy_before is not None else None)
     row = Row(kernel.key, kernel.label, kernel.section, kernel.where, kernel.flops, kernel.bytes,
               tuple(cells[s.name] for s in specs), bandwidth, load_before, os.getloadavg()[0],
-              time.monotonic() - start)
+              time.monotonic() - start, trip_before,
+              machine.measure_round_trip_ns() if numbers else None)
+    trips = " -> ".join(f"{t:.0f}" if t is not None else "?"
+                        for t in (row.round_trip_before, row.round_trip_after))
     log("  " + "  ".join(f"{c.runner} {_ms(c.seconds)}" if c.seconds else
                          f"{c.runner} {c.status}" for c in row.cells)
-        + f"  (row {row.seconds:.0f} s, load {load_before:.1f} -> {row.load_after:.1f})")
+        + f"  (row {row.seconds:.0f} s, load {load_before:.1f} -> {row.load_after:.1f}, "
+          f"round trip {trips} ns)")
     return row
 
 
@@ -952,6 +960,23 @@ def _ratio(x: Optional[float]) -> str:
     return f"{x:.2f}x" if x is not None else "-"
 
 
+def _round_trip_lines(rows: Sequence[Row]) -> list[str]:
+    """The core-to-core round trips measured around the rows' rounds, and the rows timed while
+    it was slow (`machine.slow_round_trips`)."""
+    trips = [max([t for t in (r.round_trip_before, r.round_trip_after) if t is not None],
+                 default=None) for r in rows]
+    known = [t for t in trips if t is not None]
+    if not known:
+        return []
+    slow = [rows[i].label for i in machine.slow_round_trips(trips)]
+    return [f"Core round trip (a cache line between two cores and back, before and after each "
+            f"row's rounds, `machine.measure_round_trip_ns`): median "
+            f"{statistics.median(known):.0f} ns, range {min(known):.0f}-{max(known):.0f}; "
+            + (f"rows timed at over twice the fastest, whose multi-threaded times read high "
+               f"(a VM host placing the CPUs apart): {', '.join(slow)}."
+               if slow else "no row over twice the fastest.") + "  "]
+
+
 def render(report: Report) -> str:
     m = report.machine
     peak = m.peak_gflops * 1e9
@@ -973,6 +998,7 @@ def render(report: Report) -> str:
         f"{_load(report.load_end)} at the end; over the rows (1-min, before and after each, "
         f"in the JSON) median {statistics.median(loads):.1f}, range {min(loads):.1f}-"
         f"{max(loads):.1f}, on {report.threads} cores.",
+        *_round_trip_lines(rows),
         "",
     ]
     if loaded:

@@ -31,7 +31,8 @@ def _suite() -> report.SuiteResult:
         ModelResult("alpha", 1, cost, (_ok("base", 0.010), _ok("fast", 0.005),
                                        RunnerResult("odd", WRONG, "max |err| 3")),
                     load_before=0.25, load_after=0.5,
-                    reference=Timing("machine", (0.001, 0.0012, 0.001), 200)),
+                    reference=Timing("machine", (0.001, 0.0012, 0.001), 200),
+                    round_trip_before=52.4, round_trip_after=388.0),
         ModelResult("beta", 1, cost, (_ok("base", 0.020), _ok("fast", 0.080),
                                       RunnerResult("odd", FAILED, "RuntimeError: boom"))),
     )
@@ -59,10 +60,11 @@ def test_spread_settings_load_and_reduced_precision_error() -> None:
     suite = dataclasses.replace(suite, models=models)
     spread = report.spread_table(suite)
     # The machine's reference loop first: its 20 % says alpha's rounds ran on a noisy machine.
-    assert "| model | batch | load before → after | machine | base | fast | odd |" in spread
-    assert "| alpha | 1 | 0.25 → 0.50 | 20.0% ⚠ (3×200) | 0.0% (3×10) | 0.0% (3×10) | – |" \
-        in spread
-    assert "| beta | 1 | ? → ? | – | 0.0% (3×10) | 40.0% ⚠ (3×7) | – |" in spread
+    assert ("| model | batch | load before → after | round trip ns before → after | machine | "
+            "base | fast | odd |") in spread
+    assert ("| alpha | 1 | 0.25 → 0.50 | 52 → 388 | 20.0% ⚠ (3×200) | 0.0% (3×10) | "
+            "0.0% (3×10) | – |") in spread
+    assert "| beta | 1 | ? → ? | ? → ? | – | 0.0% (3×10) | 40.0% ⚠ (3×7) | – |" in spread
     # A runner off by more than fp32 rounding shows its error beside its latency.
     assert "| beta | 1 | 20 (1.00×) | 5 (4.00×) err 7.0e-03 | – |" in report.latency_table(suite)
     assert report.settings_lines(suite) == [
@@ -101,6 +103,9 @@ def test_write_report_writes_markdown_json_and_chart(tmp_path) -> None:
     assert data["models"][0]["results"][1]["spread"] == 0.0
     assert data["models"][0]["results"][1]["settings"][0] == ["TVM_NUM_THREADS", "2"]
     assert data["machine"]["cpu_model"] == "Test CPU"
+    again = report.from_json((tmp_path / "out" / "r.json").read_text())
+    assert (again.models[0].round_trip_before, again.models[0].round_trip_after) == (52.4, 388.0)
+    assert again.models[1].round_trip_before is None
 
 
 def _args(tmp_path, **kw) -> argparse.Namespace:

@@ -1,11 +1,13 @@
 """TVM's pool on every physical core, unpinned, and OpenBLAS's pool capped inside a block
-(tvm_einweld/threads.py)."""
+(tvm_einweld/threads.py), and the
+core-to-core round trip every fork/join pays (machine.measure_round_trip_ns)."""
 import os
 
 import numpy as np
 import tvm
 
 import tvm_einweld  # noqa: F401  (configures the pool on import)
+from tvm_einweld import machine
 from tvm_einweld.machine import physical_cores, usable_cpus
 from tvm_einweld.threads import _openblas_pools, blas_threads
 
@@ -30,3 +32,16 @@ def test_blas_threads_caps_numpys_openblas_and_restores_it():
     assert capped == len(before) and (capped >= 1 or not uses_openblas)
     assert inside == [1] * capped
     assert [get() for get, _ in _openblas_pools()] == before
+
+
+def test_round_trip_probe_and_slow_rows():
+    """The core-to-core round trip the benchmarks record: a positive number of nanoseconds
+    on a machine of two or more CPUs with gcc (None otherwise, never an error), and the rows
+    flagged as slow are those over twice the fastest (None: not measured)."""
+    trip = machine.measure_round_trip_ns(seconds=0.005, repeats=3)
+    if len(machine.usable_cpus()) < 2:
+        assert trip is None
+    elif trip is not None:
+        assert 0 < trip < 1e7
+    assert machine.slow_round_trips([50.0, 61.0, None, 400.0, 99.0]) == [3]
+    assert machine.slow_round_trips([None, None]) == []

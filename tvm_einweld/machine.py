@@ -518,11 +518,51 @@ static double copy_run(int threads, size_t bytes, long loops, float *sink) {
   return seconds;
 }
 
+/* Nanoseconds per round trip of one cache line between two threads (thread 0 writes an odd
+   value and waits for the next even one, thread 1 answers): the latency every fork/join of a
+   thread pool pays, which depends on where the two threads' cores sit. */
+static double round_trip_run(long trips) {
+  static volatile long line[16] __attribute__((aligned(64)));
+  line[0] = 0;
+  double seconds = 0.0;
+#pragma omp parallel num_threads(2)
+  {
+    int me = omp_get_thread_num();
+#pragma omp barrier
+    double start = omp_get_wtime();
+    for (long n = 0; n < trips; n++) {
+      if (me == 0) {
+        __atomic_store_n(&line[0], 2 * n + 1, __ATOMIC_RELEASE);
+        while (__atomic_load_n(&line[0], __ATOMIC_ACQUIRE) != 2 * n + 2) _mm_pause();
+      } else {
+        while (__atomic_load_n(&line[0], __ATOMIC_ACQUIRE) != 2 * n + 1) _mm_pause();
+        __atomic_store_n(&line[0], 2 * n + 2, __ATOMIC_RELEASE);
+      }
+    }
+#pragma omp master
+    seconds = omp_get_wtime() - start;
+  }
+  return seconds / (double)trips * 1e9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
 int main(int argc, char **argv) {
   int threads = atoi(argv[2]), repeats = atoi(argv[4]);
   double seconds = atof(argv[3]), best = 0.0;
   float sink = 0.0f;
-  if (argv[1][0] == 'f') {
+  if (argv[1][0] == 'r') {  /* round trips: the median of `repeats` runs (a state, not a peak) */
+    double runs[64];
+    long trips = 1000;
+    if (repeats > 64) repeats = 64;
+    while (round_trip_run(trips) * trips * 1e-9 < 0.2 * seconds) trips *= 2;
+    for (int r = 0; r < repeats; r++) runs[r] = round_trip_run(trips);
+    qsort(runs, repeats, sizeof(double), cmp_double);
+    best = runs[repeats / 2];
+  } else if (argv[1][0] == 'f') {
     long iters = 1L << 16;
     while (fma_run(threads, iters, &sink) < 0.2 * seconds) iters *= 2;  /* calibrate */
     for (int r = 0; r < repeats; r++) {
@@ -595,6 +635,31 @@ def measure_fma_peak(threads: int = 1, seconds: float = 0.2, repeats: int = 5
     gcc or OpenMP is missing."""
     out = _native_probe("fma", threads, seconds, repeats)
     return FmaPeak(float(out[0]), threads, out[1]) if out else None
+
+
+def measure_round_trip_ns(seconds: float = 0.02, repeats: int = 5) -> Optional[float]:
+    """Nanoseconds for one cache line to go from one thread to another and back (two OpenMP
+    threads, unpinned as TVM's pool runs them; the median of `repeats` runs of about
+    `seconds`). Every fork/join of a thread pool pays it, so it bounds how fast a model of
+    many short parallel kernels can run; on a VM it changes with where the host places the
+    virtual CPUs (measured on the 2-vCPU Zen 5: ~100 ns in one state, ~3x in another, for
+    minutes, while an FMA loop and numpy's sgemm ran at full speed), which is why the
+    benchmarks record it beside each row. None without gcc/OpenMP or with one CPU."""
+    if len(usable_cpus()) < 2:
+        return None
+    out = _native_probe("round-trip", 2, seconds, repeats)
+    return float(out[0]) if out else None
+
+
+def slow_round_trips(values: Sequence[Optional[float]], factor: float = 2.0) -> List[int]:
+    """Indices of the round trips (`measure_round_trip_ns`, None: not measured) more than
+    `factor` times the fastest among them: rows timed while the machine's cores were far
+    apart, which a report flags."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return []
+    floor = min(known)
+    return [i for i, v in enumerate(values) if v is not None and v > factor * floor]
 
 
 def measure_native_copy_gbs(nbytes: int, threads: int = 1, seconds: float = 0.05,

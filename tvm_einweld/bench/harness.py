@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import onnx
 
-from ..machine import code_version, load_average, physical_cores
+from ..machine import code_version, load_average, measure_round_trip_ns, physical_cores
 from ..models import random_inputs
 from .check import compare_outputs
 from .isolation import InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line
@@ -71,6 +71,10 @@ class ModelResult:
     code: Optional[str] = None  # tvm_einweld's `code_version()` that measured the row
     # The machine's reference loop, timed in the same rounds (`timing.reference_work`).
     reference: Optional[Timing] = None
+    # Core-to-core round trip (ns) just before and just after the timed rounds
+    # (`machine.measure_round_trip_ns`): multi-threaded latencies read high where it is slow.
+    round_trip_before: Optional[float] = None
+    round_trip_after: Optional[float] = None
 
     def result(self, runner: str) -> Optional[RunnerResult]:
         return next((r for r in self.results if r.runner == runner), None)
@@ -136,11 +140,13 @@ def _prepare_and_check(runner: Runner, handle: Handle, model_bytes: bytes, trial
 
 def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], expected,
                       plan: TimingPlan, log: Callable[[str], None]
-                      ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]], Optional[Timing]]:
+                      ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]], Optional[Timing],
+                                 tuple[Optional[float], Optional[float]]]:
     """Alternating rounds over the checked runners and the machine's reference loop (in this
     process, idle while the workers run), then one more output check of each runner.
     Returns the runners' timings, per runner that went wrong on the way (status, detail),
-    and the reference loop's timing (None when no runner was timed)."""
+    the reference loop's timing (None when no runner was timed) and the core-to-core round
+    trip (ns) measured with every worker quiet just before and after the rounds."""
     problems: dict[str, tuple[str, str]] = {}
     numbers = {}
     for name, handle in handles.items():
@@ -152,6 +158,7 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
     if samplers:
         samplers[REFERENCE] = local_sampler(reference_work)
         numbers[REFERENCE] = calls_per_sample(reference_work, plan.min_sample_seconds)
+    round_trips = [measure_round_trip_ns() if samplers else None]  # workers quiet now
     timings = alternate_rounds(
         samplers, plan.repeats, plan.warmup, numbers,
         on_error=lambda name, err: problems.setdefault(name, (FAILED,
@@ -167,10 +174,11 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
             continue
         if not agreement.ok:
             problems[name] = (WRONG, f"after timing: {agreement.detail}")
+    round_trips.append(measure_round_trip_ns() if samplers else None)
     for name, (status, detail) in problems.items():
         timings.pop(name, None)
         log(f"  {name} {status}: {detail}")
-    return timings, problems, reference
+    return timings, problems, reference, tuple(round_trips)
 
 
 def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequence[Runner],
@@ -226,12 +234,12 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
                     pending.insert(0, RUNNERS[runner.stand_in])
         log(f"  {name} b{batch}: timing {', '.join(handles) or 'nothing'} "
             f"({plan.repeats} alternating rounds)")
-        timings, problems, reference = _time_and_recheck(handles, by_name, expected, plan,
-                                                         log)
+        timings, problems, reference, round_trips = _time_and_recheck(handles, by_name,
+                                                                      expected, plan, log)
     results = []
     for r in checked:
         status, detail = problems.get(r.runner, (r.status, r.detail))
         results.append(RunnerResult(r.runner, status, detail, r.prepare_seconds,
                                     timings.get(r.runner), r.settings, r.pid, r.error))
     return ModelResult(name, batch, cost, tuple(results), tuple(stand_ins), load_before,
-                       load_average(), code_version(), reference)
+                       load_average(), code_version(), reference, *round_trips)

@@ -113,11 +113,16 @@ def _load(value: Optional[float]) -> str:
     return f"{value:.2f}" if value is not None else "?"
 
 
+def _ns(value: Optional[float]) -> str:
+    return f"{value:.0f}" if value is not None else "?"
+
+
 def spread_table(suite: SuiteResult) -> str:
     """Per runner and for the machine's reference loop: spread of its round medians, rounds x
     calls per round; ⚠ over target."""
     runners = columns(suite)
-    head = ["model", "batch", "load before → after", "machine", *runners]
+    head = ["model", "batch", "load before → after", "round trip ns before → after", "machine",
+            *runners]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def cell(t: Optional[Timing]) -> str:
@@ -133,6 +138,7 @@ def spread_table(suite: SuiteResult) -> str:
             cells.append(cell(r.timing if r else None))
         lines.append("| " + " | ".join([m.model, str(m.batch),
                                         f"{_load(m.load_before)} → {_load(m.load_after)}",
+                                        f"{_ns(m.round_trip_before)} → {_ns(m.round_trip_after)}",
                                         *cells]) + " |")
     return "\n".join(lines)
 
@@ -222,7 +228,11 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
         f"{SPREAD_TARGET:.0%} on an idle machine; ⚠ above), then rounds × calls per round. "
         "machine: the same for a fixed single-threaded Python loop timed in the same rounds "
         "(`bench.timing.reference_work`): where it is over the target too, the machine "
-        "gave the processes uneven CPU during the row, whatever the runtime.",
+        "gave the processes uneven CPU during the row, whatever the runtime. round trip: one "
+        "cache line from a thread on one core to a thread on another and back "
+        "(`machine.measure_round_trip_ns`), with every worker quiet, just before and after the "
+        "rounds; every fork/join of a thread pool pays it, and on a VM it jumps for minutes "
+        "(about 50 -> 400 ns on the 2-vCPU Zen 5) when the host places the CPUs apart.",
         "",
         spread_table(suite),
         "",
@@ -305,7 +315,8 @@ def from_json(text: str) -> SuiteResult:
                            tuple(runner(r) for r in m["results"]),
                            tuple(tuple(s) for s in m.get("stand_ins", ())),
                            m.get("load_before"), m.get("load_after"), m.get("code"),
-                           timing_of(m.get("reference")))
+                           timing_of(m.get("reference")), m.get("round_trip_before"),
+                           m.get("round_trip_after"))
 
     return SuiteResult(
         data["command"], data["started_utc"], data["wall_seconds"], MachineInfo(**data["machine"]),

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from ..models import get_model
 from .harness import ModelResult, TimingPlan, benchmark_model
-from ..machine import describe_machine, is_busy, load_average, usable_cpus
+from ..machine import describe_machine, is_busy, load_average, slow_round_trips, usable_cpus
 from .report import SuiteResult
 from .runners import RUNNERS, Runner
 
@@ -101,6 +101,15 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
                 f"the machine was busy (1-min load up to {busiest:.1f} on "
                 f"{len(usable_cpus())} CPUs): latencies read high and spreads wide; "
                 "measure again on an idle machine before quoting them"]
+        trips = [max([t for t in (m.round_trip_before, m.round_trip_after) if t is not None],
+                     default=None) for m in results]
+        slow = [results[i].model for i in slow_round_trips(trips)]
+        if slow:
+            notes_now = notes_now + [
+                f"core round trip over twice the run's fastest "
+                f"({min(t for t in trips if t is not None):.0f} ns) on {', '.join(slow)}: the "
+                "two CPUs sat apart (a VM host's placement) while those rows ran, so their "
+                "multi-threaded latencies read high; ratios within a row still hold"]
         return SuiteResult(
             command=command or " ".join(shlex.quote(a) for a in sys.argv),
             started_utc=resume.started_utc if resume else started.isoformat(timespec="seconds"),
