@@ -449,6 +449,7 @@ def profile(refresh: bool = False) -> MachineInfo:
 _PROBE_C = r"""
 #include <immintrin.h>
 #include <omp.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -521,6 +522,14 @@ static double copy_run(int threads, size_t bytes, long loops, float *sink) {
 /* Nanoseconds per round trip of one cache line between two threads (thread 0 writes an odd
    value and waits for the next even one, thread 1 answers): the latency every fork/join of a
    thread pool pays, which depends on where the two threads' cores sit. */
+static void wait_for(volatile long *word, long value) {
+  /* Spin, then yield: two threads sharing one CPU (a CPU quota) take turns instead of
+     burning whole time slices. */
+  for (long spins = 0; __atomic_load_n(word, __ATOMIC_ACQUIRE) != value; spins++) {
+    if (spins < 4096) _mm_pause(); else sched_yield();
+  }
+}
+
 static double round_trip_run(long trips) {
   static volatile long line[16] __attribute__((aligned(64)));
   line[0] = 0;
@@ -533,9 +542,9 @@ static double round_trip_run(long trips) {
     for (long n = 0; n < trips; n++) {
       if (me == 0) {
         __atomic_store_n(&line[0], 2 * n + 1, __ATOMIC_RELEASE);
-        while (__atomic_load_n(&line[0], __ATOMIC_ACQUIRE) != 2 * n + 2) _mm_pause();
+        wait_for(&line[0], 2 * n + 2);
       } else {
-        while (__atomic_load_n(&line[0], __ATOMIC_ACQUIRE) != 2 * n + 1) _mm_pause();
+        wait_for(&line[0], 2 * n + 1);
         __atomic_store_n(&line[0], 2 * n + 2, __ATOMIC_RELEASE);
       }
     }
@@ -556,7 +565,7 @@ int main(int argc, char **argv) {
   float sink = 0.0f;
   if (argv[1][0] == 'r') {  /* round trips: the median of `repeats` runs (a state, not a peak) */
     double runs[64];
-    long trips = 1000;
+    long trips = 100;
     if (repeats > 64) repeats = 64;
     while (round_trip_run(trips) * trips * 1e-9 < 0.2 * seconds) trips *= 2;
     for (int r = 0; r < repeats; r++) runs[r] = round_trip_run(trips);
@@ -642,9 +651,10 @@ def measure_round_trip_ns(seconds: float = 0.02, repeats: int = 5) -> Optional[f
     threads, unpinned as TVM's pool runs them; the median of `repeats` runs of about
     `seconds`). Every fork/join of a thread pool pays it, so it bounds how fast a model of
     many short parallel kernels can run; on a VM it changes with where the host places the
-    virtual CPUs (measured on the 2-vCPU Zen 5: ~100 ns in one state, ~3x in another, for
+    virtual CPUs (measured on the 2-vCPU Zen 5: ~50 ns in one state, ~400 ns in another, for
     minutes, while an FMA loop and numpy's sgemm ran at full speed), which is why the
-    benchmarks record it beside each row. None without gcc/OpenMP or with one CPU."""
+    benchmarks record it beside each row. None without gcc/OpenMP or on a machine with one
+    usable CPU; a process confined to one CPU reads the time the two threads take turns."""
     if len(usable_cpus()) < 2:
         return None
     out = _native_probe("round-trip", 2, seconds, repeats)
