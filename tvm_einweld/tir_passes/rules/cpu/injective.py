@@ -520,8 +520,8 @@ def accumulate_in_registers(sch: s_tir.Schedule, chunk, lanes: int) -> None:
         try:
             copy = sch.cache_write(leaf, 0, gemm.accumulator_scope(lanes, dtype))
             sch.reverse_compute_at(copy, chunk)
-        except ScheduleError:
-            continue  # a failed primitive changes nothing: this piece accumulates in place
+        except ScheduleError:  # a refused primitive changes nothing; a cache_write left
+            continue  # without its reverse_compute_at copies out once after the piece: correct
         inner = sch.get_loops(copy)[-1]
         if not sch.get(inner).same_as(sch.get(chunk)):  # a one-element copy has no loop of its own
             try_vectorize(sch, inner)
