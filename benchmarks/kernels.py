@@ -963,8 +963,7 @@ def _ratio(x: Optional[float]) -> str:
 def _round_trip_lines(rows: Sequence[Row]) -> list[str]:
     """The core-to-core round trips measured around the rows' rounds, and the rows timed while
     it was slow (`machine.slow_round_trips`)."""
-    trips = [max([t for t in (r.round_trip_before, r.round_trip_after) if t is not None],
-                 default=None) for r in rows]
+    trips = machine.row_round_trips((r.round_trip_before, r.round_trip_after) for r in rows)
     known = [t for t in trips if t is not None]
     if not known:
         return []

@@ -45,3 +45,5 @@ def test_round_trip_probe_and_slow_rows():
         assert 0 < trip < 1e7
     assert machine.slow_round_trips([50.0, 61.0, None, 400.0, 99.0]) == [3]
     assert machine.slow_round_trips([None, None]) == []
+    assert machine.row_round_trips([(50.0, 400.0), (None, 61.0), (None, None)]) == \
+        [400.0, 61.0, None]

@@ -661,6 +661,12 @@ def measure_round_trip_ns(seconds: float = 0.02, repeats: int = 5) -> Optional[f
     return float(out[0]) if out else None
 
 
+def row_round_trips(rows: Iterable[Iterable[Optional[float]]]) -> List[Optional[float]]:
+    """Each row's slowest round trip among those measured around it (before and after its
+    rounds; None where none was measured): the figure a report shows and flags."""
+    return [max((t for t in row if t is not None), default=None) for row in rows]
+
+
 def slow_round_trips(values: Sequence[Optional[float]], factor: float = 2.0) -> List[int]:
     """Indices of the round trips (`measure_round_trip_ns`, None: not measured) more than
     `factor` times the fastest among them: rows timed while the machine's cores were far

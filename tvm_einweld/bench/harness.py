@@ -158,7 +158,7 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
     if samplers:
         samplers[REFERENCE] = local_sampler(reference_work)
         numbers[REFERENCE] = calls_per_sample(reference_work, plan.min_sample_seconds)
-    round_trips = [measure_round_trip_ns() if samplers else None]  # workers quiet now
+    trip_before = measure_round_trip_ns() if samplers else None  # workers quiet now
     timings = alternate_rounds(
         samplers, plan.repeats, plan.warmup, numbers,
         on_error=lambda name, err: problems.setdefault(name, (FAILED,
@@ -174,11 +174,11 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
             continue
         if not agreement.ok:
             problems[name] = (WRONG, f"after timing: {agreement.detail}")
-    round_trips.append(measure_round_trip_ns() if samplers else None)
+    trip_after = measure_round_trip_ns() if samplers else None
     for name, (status, detail) in problems.items():
         timings.pop(name, None)
         log(f"  {name} {status}: {detail}")
-    return timings, problems, reference, tuple(round_trips)
+    return timings, problems, reference, (trip_before, trip_after)
 
 
 def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequence[Runner],

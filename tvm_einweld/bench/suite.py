@@ -17,7 +17,8 @@ from typing import Callable, Optional, Sequence
 
 from ..models import get_model
 from .harness import ModelResult, TimingPlan, benchmark_model
-from ..machine import describe_machine, is_busy, load_average, slow_round_trips, usable_cpus
+from ..machine import (describe_machine, is_busy, load_average, row_round_trips,
+                       slow_round_trips, usable_cpus)
 from .report import SuiteResult
 from .runners import RUNNERS, Runner
 
@@ -101,8 +102,7 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
                 f"the machine was busy (1-min load up to {busiest:.1f} on "
                 f"{len(usable_cpus())} CPUs): latencies read high and spreads wide; "
                 "measure again on an idle machine before quoting them"]
-        trips = [max([t for t in (m.round_trip_before, m.round_trip_after) if t is not None],
-                     default=None) for m in results]
+        trips = row_round_trips((m.round_trip_before, m.round_trip_after) for m in results)
         slow = [results[i].model for i in slow_round_trips(trips)]
         if slow:
             notes_now = notes_now + [

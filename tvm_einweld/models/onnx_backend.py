@@ -476,8 +476,6 @@ def run_tvm(executable, inputs: dict[str, np.ndarray], input_names: Sequence[str
     return flatten_outputs(main(*[vm_input(inputs[n]) for n in input_names]))
 
 
-
-
 def compare_outputs(got: Sequence[np.ndarray], reference: Sequence[np.ndarray], what: str):
     """`verify.random_testing.compare_arrays` of every output against its reference, normwise
     with the tolerance of the reference's dtype; a missing or extra output is a failure."""

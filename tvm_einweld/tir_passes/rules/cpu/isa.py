@@ -100,5 +100,6 @@ def vector_isa(target: tvm.target.Target | str) -> VectorISA:
     if has_feature("avx512f", target):
         return _with_pipes(VectorISA(bits=512, registers=32, fma=True, masked=True), target)
     if has_feature("avx2", target) or has_feature("avx", target):
-        return _with_pipes(VectorISA(bits=256, registers=16, fma=has_feature("fma", target)), target)
+        return _with_pipes(VectorISA(bits=256, registers=16, fma=has_feature("fma", target)),
+                           target)
     return VectorISA(bits=128, registers=16, fma=False)
