@@ -112,7 +112,8 @@ class DeinterleaveStridedLoads:  # pylint: disable=too-few-public-methods
 
 def register_tir_pipeline() -> None:
     """Register `TIR_PIPELINE` ("einweld") for `tvm.tirx.build(..., pipeline=...)`: TVM's
-    default TIR pipeline, then `DeinterleaveStridedLoads` and `widen_loads.WidenPartialLoads`
+    default TIR pipeline, then `DeinterleaveStridedLoads`,
+    `interleave_stores.InterleaveStridedStores` and `widen_loads.WidenPartialLoads`
     (idempotent)."""
     pipelines = tvm.tirx.compilation_pipeline.PIPELINE_MAP
     if TIR_PIPELINE in pipelines:
@@ -120,9 +121,12 @@ def register_tir_pipeline() -> None:
 
     def factory():
         lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
-        from .widen_loads import WidenPartialLoads  # pylint: disable=import-outside-toplevel
+        # pylint: disable=import-outside-toplevel
+        from .interleave_stores import InterleaveStridedStores
+        from .widen_loads import WidenPartialLoads
 
-        return (tvm.transform.Sequential([lower, DeinterleaveStridedLoads(), WidenPartialLoads()],
+        return (tvm.transform.Sequential([lower, DeinterleaveStridedLoads(),
+                                          InterleaveStridedStores(), WidenPartialLoads()],
                                          name="einweld_tir"), finalize_host, finalize_device)
 
     tvm.tirx.compilation_pipeline.register_tir_pipeline(TIR_PIPELINE, factory)

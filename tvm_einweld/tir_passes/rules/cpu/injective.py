@@ -38,7 +38,7 @@ import tvm
 from tvm import ir, s_tir, tirx
 from tvm.ir.prim.expr import BinaryOpExpr, CmpExpr, LogicalExpr
 from tvm.s_tir.schedule import ScheduleError
-from tvm.sym import Analyzer
+from tvm.sym import Analyzer, detect_linear_equation
 from tvm.target import Target
 
 from . import gemm
@@ -579,6 +579,82 @@ def vectorize_lanes(sch: s_tir.Schedule, block_rv, chunk, lane, params: CpuParam
     return list(pieces)
 
 
+def interleave_factor(block: s_tir.SBlock, var: tirx.Var, extent: int,
+                      max_stride: int = 4) -> int:
+    """s > 1 where the block interleaves s sources along its innermost axis `var` (output
+    column s*q + r reads column q of source r: a transposed convolution's phases put back
+    together, a depth-to-space), else 1. Precisely, the smallest s <= `max_stride` dividing
+    `extent` such that with var = s*q + r (0 <= r < s), by TVM's analyzer over the block's
+    domain: every condition using `var` no longer uses q, and every load using `var` reads
+    along q contiguously (coefficient 1 in its last index, q nowhere else) or every s-th
+    element (coefficient s, which `deinterleave` reads as vectors), at least one
+    contiguously. `schedule_spatial_block` then runs r as an unrolled loop around vectors of
+    q: each phase's loads are whole vectors, and its stores, every s-th element, become one
+    contiguous store (`tir_passes.interleave_stores`). Before, the vector lanes read
+    `var // s`, which TVM's vectoriser cannot express, and the whole kernel ran scalar."""
+    users = [ld for ld in loads(block) if any(var in expr_vars(i) for i in ld.indices)]
+    atoms = [a for a in condition_atoms(block) if var in expr_vars(a)]
+    if not users:
+        return 1
+    for stride in range(2, max_stride + 1):
+        if extent % stride:
+            continue
+        q = tirx.Var("q", var.ty)
+        r = tirx.Var("r", var.ty)
+        analyzer = Analyzer()
+        for iv in block.iter_vars:
+            if not iv.var.same_as(var):
+                analyzer.bind(iv.var, iv.dom)
+        analyzer.bind(q, ir.Range(0, extent // stride))
+        analyzer.bind(r, ir.Range(0, stride))
+        analyzer.bind(var, q * stride + r)  # simplify() substitutes a variable so bound
+        rewritten = analyzer.simplify
+
+        if any(q in expr_vars(rewritten(a)) for a in atoms):
+            continue
+        contiguous, ok = 0, True
+        for ld in users:
+            indices = [rewritten(i) for i in ld.indices]
+            if any(q in expr_vars(i) for i in indices[:-1]):
+                ok = False
+                break
+            linear = detect_linear_equation(indices[-1], [q])
+            coefficient = linear[0] if len(linear) == 2 else None
+            if not isinstance(coefficient, tirx.IntImm) or \
+                    int(coefficient) not in (1, stride) or q in expr_vars(linear[1]):
+                ok = False
+                break
+            contiguous += int(coefficient) == 1
+        if ok and contiguous:
+            return stride
+    return 1
+
+
+def _interleaved_chunks(sch: s_tir.Schedule, block_rv, run, stride: int, lanes: int,
+                        params: CpuParams) -> None:
+    """Loop `run` (var = stride*q + r, `interleave_factor`) as chunk, r (unrolled), lane:
+    per chunk, r's stores sit next to each other for `interleave_stores` to merge. The lanes
+    are a register, or a narrower power of two dividing q's extent (no partial last chunk)
+    that keeps the merged store at least a register wide."""
+    q, r = sch.split(run, [None, stride])
+    extent = loop_extent(sch, q)
+    width = lanes
+    if extent % lanes:
+        fits = [w for w in (lanes >> k for k in range(1, lanes.bit_length()))
+                if w * stride >= lanes and w >= 2 and extent % w == 0]
+        width = fits[0] if fits else lanes
+    width = min(width, extent)
+    if extent <= width:
+        sch.reorder(r, q)
+        sch.unroll(r)
+        try_vectorize(sch, q)
+        return
+    chunk, lane = sch.split(q, [None, width])
+    sch.reorder(chunk, r, lane)
+    sch.unroll(r)
+    vectorize_lanes(sch, block_rv, chunk, lane, params)
+
+
 def schedule_spatial_block(sch: s_tir.Schedule, block_rv, params: CpuParams) -> None:
     """The loop nest of the module docstring for one spatial or window-reduction block whose
     loops are its axes in order (spatial axes first; `loops_match_iters`)."""
@@ -611,7 +687,13 @@ def schedule_spatial_block(sch: s_tir.Schedule, block_rv, params: CpuParams) -> 
             head, run = sch.split(run, [split, None])
             outer = sch.fuse(outer, head) if outer is not None else head
             outer_extent *= split
-    vectorize_chunks(sch, block_rv, run, lanes, params, reduce_loops, accumulate=run_len == 1)
+    stride = interleave_factor(block, spatial_vars[-1], loop_extent(sch, run)) \
+        if run_len == 1 and not reduce_loops else 1
+    if stride > 1:
+        _interleaved_chunks(sch, block_rv, run, stride, lanes, params)
+    else:
+        vectorize_chunks(sch, block_rv, run, lanes, params, reduce_loops,
+                         accumulate=run_len == 1)
     if outer is not None and tasks > 1 and outer_extent > 1:
         sch.parallel(outer)
 
