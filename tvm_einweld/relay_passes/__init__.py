@@ -30,6 +30,9 @@ Modules, one idea each:
   rewrite_log            RewriteLog, a PassContext instrument logging every rewrite as JSON
   conv_transpose_phases  ConvTransposePhases: a strided conv-transpose as stride² stride-1
                          convolutions (its phases), interleaved; run before legalisation
+  gather_contraction     FuseGatherIntoContraction: a gather kernel whose only user is a
+                         contraction is fused into it (read through its index, not
+                         materialised); run after FuseOps
 """
 from .boundary import BoundaryRelaxing, BoundaryTightening
 from .derivation import (

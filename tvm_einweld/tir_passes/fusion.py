@@ -69,11 +69,13 @@ def prepare() -> tvm.transform.Pass:
     legalisation and fusion, after strided transposed convolutions are split into their
     stride-1 phases (`relay_passes.conv_transpose_phases`: no multiply-adds of the zeros a
     dilated input would hold) and reshapes, transposes and gathers of constants are folded
-    with numpy (`relay_passes.fold_data_movement`: FoldConstant compiles each one); softmax
-    is legalised with one reciprocal per row (`legalize`). The derivation pass costs
-    operators through this too."""
+    with numpy (`relay_passes.fold_data_movement`: FoldConstant compiles each one); an
+    operand a contraction gathers (by an index) is read through the index in the
+    contraction's kernel (`relay_passes.gather_contraction`); softmax is legalised with one reciprocal per
+    row (`legalize`). The derivation pass costs operators through this too."""
     from ..relay_passes.conv_transpose_phases import ConvTransposePhases
     from ..relay_passes.fold_data_movement import FoldDataMovement
+    from ..relay_passes.gather_contraction import FuseGatherIntoContraction
     from .legalize import legalize_ops
 
     return tvm.transform.Sequential([
@@ -83,6 +85,7 @@ def prepare() -> tvm.transform.Pass:
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
+        FuseGatherIntoContraction,
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(),
     ])

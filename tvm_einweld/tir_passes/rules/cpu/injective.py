@@ -239,6 +239,44 @@ def is_row_reduction(block: s_tir.SBlock) -> bool:
     return False
 
 
+def reads_through_index(block: s_tir.SBlock) -> bool:
+    """Whether some load of `block` is indexed by another load (a gather, x[index[s, w], d])."""
+    nested: list = []
+    for ld in loads(block):
+        for index in ld.indices:
+            visit_exprs(index, lambda e: nested.append(e) if isinstance(e, ir.TensorLoad)
+                        else None)
+    return bool(nested)
+
+
+def gathered_contraction(block: s_tir.SBlock) -> bool:
+    """A GEMM-class reduction with a gathered operand (`relay_passes.gather_contraction`
+    inlined): not the GEMM rule's (its operands are not affine in the block's axes, nothing to
+    pack), but a memory-bound one that this rule or the reduction rule takes by its access
+    pattern (`innermost_contiguous`, `reduces_innermost`)."""
+    return is_gemm_like(block) and reads_through_index(block)
+
+
+def innermost_contiguous(block: s_tir.SBlock) -> bool:
+    """The block's innermost spatial axis is the last index, alone, of every access that uses
+    it and appears in no other index: vectors along it are contiguous loads and stores (a
+    window reduction's schedule fits)."""
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == DATA_PAR]
+    if not spatial:
+        return False
+    x = spatial[-1]
+    accesses = [list(ld.indices) for ld in loads(block)] + [list(st.indices)
+                                                            for st in stores(block)]
+    for indices in accesses:
+        if not any(x in expr_vars(i) for i in indices):
+            continue
+        last = indices[-1]
+        if not (isinstance(last, tirx.Var) and last.same_as(x)) or \
+                any(x in expr_vars(i) for i in indices[:-1]):
+            return False
+    return True
+
+
 def is_param(buffer, func: tirx.PrimFunc) -> bool:
     """Whether `buffer` is one the function takes (TVM 0.27: its params are the buffers).
     By identity: FuseTIR can give an intermediate the same name as an output."""
@@ -710,16 +748,23 @@ def schedule_injective(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
         blocks = sch.get_child_blocks(root)
         if not blocks:
             return None
+        # A gather feeding a contraction is judged once inlined (`gathered_contraction`).
+        gathers = any(reads_through_index(sch.get(rv)) for rv in blocks)
         for rv in blocks:
             block = sch.get(rv)
             if not block.writes:
                 return None  # a scope block: part of the function was scheduled already
-            if is_gemm_like(block) or is_row_reduction(block):
+            if (is_gemm_like(block) or is_row_reduction(block)) and not gathers:
                 return None
             if not loops_match_iters(sch, rv):
                 return None
         inline_spatial(sch, func)
         remaining = sch.get_child_blocks(root)
+        for rv in remaining if gathers else ():
+            block = sch.get(rv)
+            if (is_gemm_like(block) or is_row_reduction(block)) and not (
+                    gathered_contraction(block) and innermost_contiguous(block)):
+                return None
         written = [w.source for rv in remaining for w in sch.get(rv).writes]
         for rv in remaining:
             block = sch.get(rv)

@@ -46,13 +46,27 @@ from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
 from .injective import (COMM_REDUCE, DATA_PAR, CpuParams, _get_realize, block_bytes, cpu_params,
-                        is_gemm_like, is_param, is_partition_scope, is_reduction,
-                        is_row_reduction, loop_extent, loops_match_iters, inline_spatial,
-                        try_vectorize, vectorize_chunks, visit_exprs)
+                        expr_vars, gathered_contraction, is_gemm_like, is_param,
+                        is_partition_scope, is_reduction, is_row_reduction, loads, loop_extent,
+                        loops_match_iters, inline_spatial, reads_through_index, try_vectorize,
+                        vectorize_chunks, visit_exprs)
 
 # Calls that make an element worth computing once and keeping for the row.
 EXPENSIVE_CALLS = frozenset({"tirx.exp", "tirx.erf", "tirx.tanh", "tirx.sigmoid", "tirx.log",
                              "tirx.pow", "tirx.exp2", "tirx.log2"})
+
+
+def _reduces_innermost(block: s_tir.SBlock) -> bool:
+    """Every load that uses a reduction axis has one as its last index, alone (a dot product
+    along contiguous rows: the lanes of the rfactor are contiguous loads)."""
+    reduce = {iv.var for iv in block.iter_vars if int(iv.iter_type) == COMM_REDUCE}
+    for ld in loads(block):
+        if not any(expr_vars(i) & reduce for i in ld.indices):
+            continue
+        last = ld.indices[-1]
+        if not (isinstance(last, tirx.Var) and last in reduce):
+            return False
+    return True
 
 
 def _calls_expensive(block: s_tir.SBlock) -> bool:
@@ -335,12 +349,16 @@ def _schedule(func: tirx.PrimFunc, params: CpuParams, ragged_rows: bool = True
     blocks = [sch.get(rv) for rv in sch.get_child_blocks(root)]
     if not any(is_row_reduction(b) for b in blocks):
         return None
-    if any(is_gemm_like(b) for b in blocks):
+    gathers = any(reads_through_index(b) for b in blocks)  # judged once inlined, below
+    if any(is_gemm_like(b) for b in blocks) and not gathers:
         return None
     if not all(loops_match_iters(sch, rv) for rv in sch.get_child_blocks(root)):
         return None
     inline_spatial(sch, func, keep=lambda b: _calls_expensive(b) and _consumers(sch, b) > 1)
     rvs = sch.get_child_blocks(root)
+    if any(is_gemm_like(b) and not (gathered_contraction(b) and _reduces_innermost(b))
+           for b in map(sch.get, rvs)):
+        return None
     anchor = sch.get(rvs[-1])
     anchor_name = anchor.name_hint
     if not all(is_param(w.source, func) for w in anchor.writes):
