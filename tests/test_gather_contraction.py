@@ -131,3 +131,37 @@ def test_the_gather_producer_is_recognised():
     gather = te.create_prim_func([k, table, topi.take(k, table, axis=0, mode="fast")])
     copy = te.create_prim_func([k, te.compute((4, 9), lambda i, j: k[i, j] * 2.0)])
     assert is_gather(gather) and not is_gather(copy)
+
+
+def _take_then_einsum(table: np.ndarray, source: tuple, other: tuple, subscripts: str):
+    x = relax.Var("x", relax.TensorType(source, "float32"))
+    y = relax.Var("y", relax.TensorType(other, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            g = bb.emit(relax.op.take(x, relax.const(table), axis=0))
+            out = bb.emit_output(bb.emit(relax.op.einsum((y, g), subscripts)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_an_embedding_lookup_or_a_kernel_no_rule_takes_stays_a_gather(rng):
+    """A lookup of fewer rows than the table (the GEMM rule keeps the matmul after it), and a
+    repeating gather whose contraction neither rule could schedule grouped (contiguous along
+    neither the output's innermost axis nor the reduction): both keep their gather kernel,
+    and both still compute what numpy does."""
+    lookup = _take_then_einsum(np.array([5, 0, 2, 7], "int64"), (9, 24), (24, 16), "cd,nc->nd")
+    window = np.repeat(np.arange(6, dtype="int64"), 3)  # 18 rows of 6: repeats them
+    neither = _take_then_einsum(window, (6, 10), (10, 18), "ds,sd->s")
+    for mod, table, source, other, subscripts in (
+            (lookup, np.array([5, 0, 2, 7]), (9, 24), (24, 16), "cd,nc->nd"),
+            (neither, window, (6, 10), (10, 18), "ds,sd->s")):
+        with TARGET:
+            assert any(n.startswith("take") for n in _kernels(prepare()(mod)))
+        ex = tvm.compile(mod, TARGET, relax_pipeline="einweld")
+        x = rng.standard_normal(source).astype("float32")
+        y = rng.standard_normal(other).astype("float32")
+        got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x),
+                                                        tvm.runtime.tensor(y)).numpy()
+        np.testing.assert_allclose(got, np.einsum(subscripts, y, x[table]), rtol=1e-5,
+                                   atol=1e-5)

@@ -199,3 +199,49 @@ def test_planted_wrong_lane_order_is_caught(monkeypatch):
     monkeypatch.setattr(interleave_stores, "merge_run", swapped)
     got, expected = _run_against_numpy(interleave(2, 3, 4, 16), 2, 3, 4, 16, "float32", False)
     assert not np.array_equal(got, expected)
+
+
+def _loads(buffer, lanes=8):
+    return lambda k: tirx.BufferLoad(buffer, [tirx.Ramp(tirx.IntImm("int32", 8 * k), 1, lanes)])
+
+
+def _store(buffer, base, value, stride=2, lanes=8):
+    return tirx.BufferStore(buffer, value, [tirx.Ramp(base, stride, lanes)])
+
+
+def test_bindings_between_the_stores_move_ahead_of_the_merged_store():
+    """TVM names common subexpressions between the stores (`cse_v5 = cse_v3 + 1`): such a
+    binding moves ahead; a variable bound twice, or one an earlier store uses, stops the
+    merge."""
+    out = tirx.decl_buffer((64,), "float32", name="out")
+    src = tirx.decl_buffer((64,), "float32", name="src")
+    base = tirx.Var("b", "int32")
+    second = tirx.Var("b1", "int32")
+    load = _loads(src)
+    seq = [_store(out, base, load(0)), tirx.Bind(second, base + 1),
+           _store(out, second, load(1))]
+    merged = interleave_stores.merge_sequence(seq)
+    assert len(merged) == 2 and isinstance(merged[0], tirx.Bind)
+    assert int(merged[1].indices[0].lanes) == 16
+
+    value = tirx.Var("t", load(0).ty)
+    rebound = [tirx.Bind(value, load(0)), _store(out, base, value),
+               tirx.Bind(value, load(1)), _store(out, base + 1, value)]
+    assert len(interleave_stores.merge_sequence(rebound)) == 4
+    peek = tirx.Var("p", "float32")
+    reads_out = [_store(out, base, load(0)), tirx.Bind(peek, tirx.BufferLoad(out, [base])),
+                 _store(out, base + 1, load(1))]
+    assert len(interleave_stores.merge_sequence(reads_out)) == 3
+
+
+def test_stores_whose_address_reads_the_buffer_or_to_other_buffers_stay():
+    out = tirx.decl_buffer((64,), "int32", name="out")
+    other = tirx.decl_buffer((64,), "int32", name="other")
+    src = tirx.decl_buffer((64,), "int32", name="src")
+    load = _loads(src)
+    first = tirx.BufferLoad(out, [tirx.IntImm("int32", 0)])
+    assert interleave_stores.merge_run([_store(out, first, load(0)),
+                                        _store(out, first + 1, load(1))]) is None
+    base = tirx.Var("b", "int32")
+    assert interleave_stores.merge_run([_store(out, base, load(0)),
+                                        _store(other, base + 1, load(1))]) is None

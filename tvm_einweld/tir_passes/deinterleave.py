@@ -28,8 +28,8 @@ Why it is correct
   addressed otherwise); a load under `address_of` names an address and is left alone.
 
 When: after TVM's whole TIR lowering (`register_tir_pipeline`: the default pipeline, then this
-pass and `widen_loads`), so that it sees the loads `VectorizeLoop` made. `parallel_build`
-builds the CPU kernels with that pipeline.
+pass, `interleave_stores` and `widen_loads`), so that it sees the loads `VectorizeLoop` made.
+`parallel_build` builds the CPU kernels with that pipeline.
 """
 from __future__ import annotations
 
@@ -84,15 +84,23 @@ def skip_address_of(node, mutator):
     return mutator.default_mutate(node)
 
 
+def strided_access(indices, ty) -> tuple[tirx.Ramp, int, int] | None:
+    """`flat_vector_ramp` of an access whose constant stride is in [2, MAX_STRIDE] and lanes at
+    least MIN_LANES (what this pass reads as chunks, and `interleave_stores` writes so), else
+    None."""
+    access = flat_vector_ramp(indices, ty)
+    if access is None or not 2 <= access[1] <= MAX_STRIDE or access[2] < MIN_LANES:
+        return None
+    return access
+
+
 def deinterleave_load(load: ir.TensorLoad) -> tirx.Expr:
     """`load` as contiguous loads and a shuffle, or `load` itself where it is not a flattened
     strided vector load with a constant stride in [2, MAX_STRIDE] (see the module docstring)."""
-    access = flat_vector_ramp(load.indices, load.ty)
+    access = strided_access(load.indices, load.ty)
     if access is None:
         return load
     ramp, stride, lanes = access
-    if not 2 <= stride <= MAX_STRIDE or lanes < MIN_LANES:
-        return load
     starts, indices = chunk_plan(stride, lanes)
     chunks = [tirx.BufferLoad(load.source, [tirx.Ramp(ramp.base + start, 1, lanes)])
               for start in starts]

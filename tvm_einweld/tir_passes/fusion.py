@@ -71,8 +71,8 @@ def prepare() -> tvm.transform.Pass:
     dilated input would hold) and reshapes, transposes and gathers of constants are folded
     with numpy (`relay_passes.fold_data_movement`: FoldConstant compiles each one); an
     operand a contraction gathers (by an index) is read through the index in the
-    contraction's kernel (`relay_passes.gather_contraction`); softmax is legalised with one reciprocal per
-    row (`legalize`). The derivation pass costs operators through this too."""
+    contraction's kernel (`relay_passes.gather_contraction`); softmax is legalised with one
+    reciprocal per row (`legalize`). The derivation pass costs operators through this too."""
     from ..relay_passes.conv_transpose_phases import ConvTransposePhases
     from ..relay_passes.fold_data_movement import FoldDataMovement
     from ..relay_passes.gather_contraction import FuseGatherIntoContraction

@@ -29,64 +29,60 @@ Why it is correct
 - Values: element b + r + s*j receives lane j of v_r in both forms (the shuffle's index for
   lane j*s + r is r*L + j, lane j of the r-th vector in the concatenation).
 - Order: the s stores write disjoint addresses, so running them as one is the same as running
-  them in sequence unless a later value reads what an earlier store wrote: a run is merged
-  only if no value reads buffer B and no value calls anything but pure built-ins
-  (`_pure`), and only stores of one sequence with nothing between them but variable
-  bindings of such values (moved ahead of the merged store).
+  them in sequence unless a later value or address reads what an earlier store wrote: a run
+  is merged only if no value or base reads buffer B and none calls anything but pure
+  built-ins (`_pure`), and only stores of one sequence with nothing between them but
+  variable bindings of such values, each variable bound once and used by no earlier store of
+  the run (they are moved ahead of the merged store).
 Only flattened accesses with a constant stride in [2, MAX_STRIDE], constant lanes and scalar
-elements of at least a byte (`deinterleave.flat_vector_ramp`) are considered.
+elements of at least a byte (`deinterleave.strided_access`) are considered.
 
 When: after TVM's whole TIR lowering, in `deinterleave.TIR_PIPELINE` (every CPU kernel the
 package builds), where the stores are the ones `VectorizeLoop` and `UnrollLoop` left.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import tvm
 from tvm import ir, tirx
 from tvm.sym import Analyzer
 from tvm_ffi import structural_map, structural_mutate
 
-from .deinterleave import MAX_STRIDE, MIN_LANES, flat_vector_ramp
+from .deinterleave import strided_access
 
-# Built-ins that read nothing but their arguments and write nothing, by their name after the
-# namespace (TVM 0.27 names them "prim.<name>" or "tirx.<name>"): values calling them may be
-# evaluated in any order.
-_PURE_OPS = frozenset((
-    "if_then_else", "reinterpret", "likely", "shift_left", "shift_right", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "bitwise_not", "fabs", "exp", "exp2", "log", "sqrt", "tanh",
-    "sigmoid", "floor", "ceil", "round", "nearbyint", "trunc", "erf", "fma", "copysign"))
+# TVM's call effect kinds (`TCallEffectKind`) of built-ins that read nothing but their
+# arguments and write nothing: kExprAnnotation (likely) and kPure (exp, if_then_else, ...).
+_PURE_EFFECTS = (0, 1)
 
 
 def _strided_store(stmt) -> tuple[tirx.Ramp, int, int] | None:
-    """(ramp, stride, lanes) of a flattened store `B[Ramp(base, s, L)] = v` with 2 <= s <=
-    MAX_STRIDE and L >= MIN_LANES, else None."""
+    """(ramp, stride, lanes) of a flattened store `B[Ramp(base, s, L)] = v` with a stride
+    `deinterleave.strided_access` takes, else None."""
     if not isinstance(stmt, tirx.BufferStore):
         return None
-    access = flat_vector_ramp(stmt.indices, stmt.value.ty)
-    if access is None:
-        return None
-    _, stride, lanes = access
-    if not 2 <= stride <= MAX_STRIDE or lanes < MIN_LANES:
-        return None
-    return access
+    return strided_access(stmt.indices, stmt.value.ty)
 
 
-def _pure(value, buffer) -> bool:
-    """Whether `value` reads nothing of `buffer` and calls only `_PURE_OPS`."""
+def _pure(expr, buffer) -> bool:
+    """Whether `expr` reads nothing of `buffer` and calls only pure built-ins
+    (`_PURE_EFFECTS`)."""
     bad = []
 
     def visit(node):
         if isinstance(node, ir.TensorLoad) and node.source.same_as(buffer):
             bad.append(node)
-        elif isinstance(node, ir.Call) and not (isinstance(node.op, ir.Op) and
-                                                node.op.name.split(".")[-1] in _PURE_OPS):
+        elif isinstance(node, ir.Call) and not (
+                isinstance(node.op, ir.Op) and
+                int(node.op.get_attr("TCallEffectKind") or -1) in _PURE_EFFECTS):
             bad.append(node)
+        return node
 
-    structural_map(value, [(ir.TensorLoad, visit), (ir.Call, visit)])
+    structural_map(expr, [(ir.TensorLoad, visit), (ir.Call, visit)])
     return not bad
 
 
-def merge_run(stmts: list, binds: list = ()) -> tirx.BufferStore | None:
+def merge_run(stmts: list, binds: Sequence[tirx.Bind] = ()) -> tirx.BufferStore | None:
     """One contiguous store for `stmts` if they are the s interleaved stores of the module
     docstring (in any order of their phases), else None. `binds`: variable bindings among
     them (a base may be a variable bound to another base plus r)."""
@@ -103,7 +99,8 @@ def merge_run(stmts: list, binds: list = ()) -> tirx.BufferStore | None:
     values: dict[int, tirx.Expr] = {}  # offset from the first store's base -> value
     for stmt in stmts:
         access = _strided_store(stmt)
-        if access is None or not stmt.buffer.same_as(buffer) or access[1:] != (stride, lanes):
+        if access is None or not stmt.buffer.same_as(buffer) or access[1:] != (stride, lanes) \
+                or not _pure(access[0].base, buffer):
             return None
         offset = analyzer.simplify(access[0].base - ramp0.base)
         if not isinstance(offset, tirx.IntImm) or int(offset) in values \
@@ -123,31 +120,37 @@ def merge_run(stmts: list, binds: list = ()) -> tirx.BufferStore | None:
 def merge_sequence(stmts: list) -> list:
     """`stmts` with every run of interleaved strided stores merged (`merge_run`). Variable
     bindings between the stores of a run (common subexpressions TVM named there) move ahead
-    of the merged store, if their values read nothing of the stored buffer (`_pure`): they
-    then evaluate to what they did before."""
+    of the merged store if their values read nothing of the stored buffer (`_pure`) and their
+    variables are bound once in the run and used by no store before their binding: they then
+    evaluate to what they did before, and every store sees the values it saw."""
     out = []
     i = 0
     while i < len(stmts):
         access = _strided_store(stmts[i])
-        if access is not None:
-            run, binds, j = [], [], i
-            while j < len(stmts) and len(run) < access[1]:
-                stmt = stmts[j]
-                if isinstance(stmt, tirx.BufferStore):
-                    run.append(stmt)
-                elif isinstance(stmt, tirx.Bind) and _pure(stmt.value, stmts[i].buffer):
-                    binds.append(stmt)
-                else:
-                    break
-                j += 1
-            merged = merge_run(run, binds) if len(run) == access[1] else None
-            if merged is not None:
-                out += binds + [merged]
-                i = j
-                continue
-        out.append(stmts[i])
-        i += 1
+        run, binds, j = [], [], i
+        while access is not None and j < len(stmts) and len(run) < access[1]:
+            stmt = stmts[j]
+            if isinstance(stmt, tirx.BufferStore):
+                run.append(stmt)
+            elif isinstance(stmt, tirx.Bind) and _pure(stmt.value, stmts[i].buffer) and \
+                    not any(stmt.var.same_as(b.var) for b in binds) and \
+                    not any(stmt.var in _free_vars(s) for s in run):
+                binds.append(stmt)
+            else:
+                break
+            j += 1
+        merged = merge_run(run, binds) if access is not None and len(run) == access[1] else None
+        if merged is not None:
+            out += binds + [merged]
+            i = j
+        else:
+            out.append(stmts[i])
+            i += 1
     return out
+
+
+def _free_vars(store: tirx.BufferStore) -> set:
+    return {v for e in [store.value, *store.indices] for v in tirx.analysis.undefined_vars(e)}
 
 
 @tvm.transform.module_pass(opt_level=0, name="InterleaveStridedStores")

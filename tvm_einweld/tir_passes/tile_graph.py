@@ -170,19 +170,9 @@ def gathers(func: tirx.PrimFunc) -> bool:
     gathered rows is as large as the tile times the row (Longformer's window gather: 4 MB
     per tile; those groups failed their checks and cost 20 s of measuring per compile)."""
     from .propagate import leaf_blocks
-    from .rules.cpu.injective import visit_exprs
+    from .rules.cpu.injective import reads_through_index
 
-    found = []
-
-    def inner_load(expr) -> None:
-        if isinstance(expr, ir.TensorLoad):
-            for index in expr.indices:
-                visit_exprs(index, lambda e: found.append(e)
-                            if isinstance(e, ir.TensorLoad) else None)
-
-    for block in leaf_blocks(func):
-        visit_exprs(block.body, inner_load)
-    return bool(found)
+    return any(reads_through_index(block) for block in leaf_blocks(func))
 
 
 def _returned_names(expr, names) -> list[str]:

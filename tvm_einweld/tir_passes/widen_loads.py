@@ -36,8 +36,9 @@ Why it is correct
   Only flattened (1-D) accesses with stride 1, constant lanes and scalar elements of at least
   a byte are rewritten; a load under `address_of` names an address and is left alone.
 
-When: after TVM's whole TIR lowering, with `deinterleave` (`register_tir_pipeline`), on
-functions whose `target` is a CPU (the register width and masks come from it, `rules.cpu.isa`).
+When: after TVM's whole TIR lowering, `deinterleave` and `interleave_stores`
+(`deinterleave.register_tir_pipeline`), on functions whose `target` is a CPU (the register
+width and masks come from it, `rules.cpu.isa`).
 """
 from __future__ import annotations
 

@@ -42,6 +42,7 @@ from tvm.sym import Analyzer, detect_linear_equation
 from tvm.target import Target
 
 from . import gemm
+from ...deinterleave import MAX_STRIDE
 from .isa import vector_isa
 
 _get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
@@ -618,12 +619,13 @@ def vectorize_lanes(sch: s_tir.Schedule, block_rv, chunk, lane, params: CpuParam
 
 
 def interleave_factor(block: s_tir.SBlock, var: tirx.Var, extent: int,
-                      max_stride: int = 4) -> int:
+                      max_stride: int = MAX_STRIDE) -> int:
     """s > 1 where the block interleaves s sources along its innermost axis `var` (output
     column s*q + r reads column q of source r: a transposed convolution's phases put back
-    together, a depth-to-space), else 1. Precisely, the smallest s <= `max_stride` dividing
-    `extent` such that with var = s*q + r (0 <= r < s), by TVM's analyzer over the block's
-    domain: every condition using `var` no longer uses q, and every load using `var` reads
+    together, a depth-to-space), else 1. Precisely, the smallest s <= `max_stride` (the
+    strides `interleave_stores` merges) dividing `extent` (the run's loop) such that with
+    var = s*q + r (0 <= r < s, q below extent / s), by TVM's analyzer over the other axes'
+    domains: every condition using `var` no longer uses q, and every load using `var` reads
     along q contiguously (coefficient 1 in its last index, q nowhere else) or every s-th
     element (coefficient s, which `deinterleave` reads as vectors), at least one
     contiguously. `schedule_spatial_block` then runs r as an unrolled loop around vectors of
@@ -672,8 +674,9 @@ def _interleaved_chunks(sch: s_tir.Schedule, block_rv, run, stride: int, lanes: 
                         params: CpuParams) -> None:
     """Loop `run` (var = stride*q + r, `interleave_factor`) as chunk, r (unrolled), lane:
     per chunk, r's stores sit next to each other for `interleave_stores` to merge. The lanes
-    are a register, or a narrower power of two dividing q's extent (no partial last chunk)
-    that keeps the merged store at least a register wide."""
+    are a register, or, where a register does not divide q's extent, a narrower power of two
+    that does and keeps the merged store at least a register wide; failing both, a register
+    with a partial last chunk (cut off by `vectorize_lanes`, as in `vectorize_chunks`)."""
     q, r = sch.split(run, [None, stride])
     extent = loop_extent(sch, q)
     width = lanes
@@ -739,7 +742,9 @@ def schedule_spatial_block(sch: s_tir.Schedule, block_rv, params: CpuParams) -> 
 # ------------------------------------------------------------------------------------ rule
 def schedule_injective(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """The rule: a Schedule for a spatial memory-bound `func`, or None when it is not one
-    (row reductions, GEMM-class reductions, shapes with symbolic extents, non-llvm targets)."""
+    (row reductions, GEMM-class reductions other than a gathered contraction whose innermost
+    output axis is contiguous (`gathered_contraction`, `innermost_contiguous`), shapes with
+    symbolic extents, non-llvm targets)."""
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None
     try:

@@ -36,7 +36,9 @@ from .reduction import schedule_reduction
 Rule = Callable[[tirx.PrimFunc, Target], Optional[s_tir.Schedule]]
 
 # Order matters only for functions two rules could claim; the two rules exclude each other
-# (row reductions vs. everything else), so this is just the cheaper check first.
+# (row reductions vs. everything else; of gathered contractions, those with a contiguous
+# innermost output axis vs. those reducing along rows), so this is just the cheaper check
+# first.
 MEMORY_BOUND_RULES: tuple[tuple[str, Rule], ...] = (
     ("injective", schedule_injective),
     ("reduction", schedule_reduction),

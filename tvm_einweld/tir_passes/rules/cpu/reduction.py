@@ -36,8 +36,10 @@ Why it is correct:
   function and feed more than one block (softmax's exp): those are computed once per row.
 
 Not handled (the rule returns None, the function stays as it was): reductions over a non-innermost
-axis followed by other blocks (a lone one is injective.py's), GEMM-class reductions (gemm.py),
-symbolic shapes.
+axis followed by other blocks (a lone one is injective.py's), GEMM-class reductions (gemm.py)
+other than a gathered contraction whose reduced loads all run along their last index
+(`injective.gathered_contraction`, `_reduces_innermost`: a dot product per output), symbolic
+shapes.
 """
 from __future__ import annotations
 
@@ -57,14 +59,16 @@ EXPENSIVE_CALLS = frozenset({"tirx.exp", "tirx.erf", "tirx.tanh", "tirx.sigmoid"
 
 
 def _reduces_innermost(block: s_tir.SBlock) -> bool:
-    """Every load that uses a reduction axis has one as its last index, alone (a dot product
-    along contiguous rows: the lanes of the rfactor are contiguous loads)."""
+    """Every load that uses a reduction axis has one as its last index, alone, and no
+    reduction axis in its other indices (a dot product along contiguous rows: the lanes of the
+    rfactor are contiguous loads)."""
     reduce = {iv.var for iv in block.iter_vars if int(iv.iter_type) == COMM_REDUCE}
     for ld in loads(block):
         if not any(expr_vars(i) & reduce for i in ld.indices):
             continue
         last = ld.indices[-1]
-        if not (isinstance(last, tirx.Var) and last in reduce):
+        if not (isinstance(last, tirx.Var) and last in reduce) or \
+                any(expr_vars(i) & reduce for i in ld.indices[:-1]):
             return False
     return True
 
