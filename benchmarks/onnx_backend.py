@@ -97,7 +97,7 @@ def worker_tvm(entry: ob.BackendModel, weights: str, repeats: int, out: Path) ->
     import tvm
     from tvm import relax
 
-    from tvm_einweld.bench.runners import flatten_outputs, vm_input
+    from tvm_einweld.runtime_io import flatten_outputs, vm_input
     from tvm_einweld.tir_passes.device import host_target
 
     prepared = ob.prepare(entry, weights, RANDOM_SEED)

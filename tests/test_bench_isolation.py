@@ -234,13 +234,13 @@ def test_cpu_lists_and_physical_cores() -> None:
 def test_inputs_are_aligned_copies(shape, dtype):
     """Every runner's inputs start 64-byte aligned (`aligned`), equal to what was sent, from
     an unaligned or non-contiguous source too."""
-    from tvm_einweld.bench.isolation import INPUT_ALIGNMENT, aligned
+    from tvm_einweld.runtime_io import BUFFER_ALIGNMENT, aligned
 
     raw = np.arange(int(np.prod(shape)) * 2 + 1).astype(dtype)
     source = raw[1::2].reshape(shape)  # strided and (for most dtypes) unaligned
     out = aligned(source)
     assert out.flags.c_contiguous
-    assert out.ctypes.data % INPUT_ALIGNMENT == 0 or out.size == 0  # no data to align
+    assert out.ctypes.data % BUFFER_ALIGNMENT == 0 or out.size == 0  # no data to align
     assert out.dtype == source.dtype and out.shape == source.shape
     np.testing.assert_array_equal(out, source)
 
@@ -251,8 +251,8 @@ def test_vm_input_reads_aligned_arrays_in_place_and_copies_others():
     answer and leaves the input unchanged."""
     import tvm
     from tvm import relax
-    from tvm_einweld.bench.isolation import aligned
-    from tvm_einweld.bench.runners import host_target, vm_input
+    from tvm_einweld.bench.runners import host_target
+    from tvm_einweld.runtime_io import aligned, vm_input
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((3, 37), "float32"))

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from ..machine import physical_cores, usable_cpus
+from ..runtime_io import aligned
 from .timing import calls_per_sample, local_sampler
 
 # Thread-count variables every worker gets (each runtime reads its own). The runtime options
@@ -136,24 +137,6 @@ def error_line(err: BaseException) -> str:
     """`Type: first line of the message`, the detail a report shows for a failure."""
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
-
-
-# Where every runner's inputs start: TVM reads a tensor in place only at this alignment (its
-# kernels' buffers declare it), onnxruntime and OpenVINO at any.
-INPUT_ALIGNMENT = 64
-
-
-def aligned(array: np.ndarray, alignment: int = INPUT_ALIGNMENT) -> np.ndarray:
-    """A C-contiguous copy of `array` whose data starts at a multiple of `alignment` bytes.
-    The worker gives every runner its inputs this way, so each runtime reads the same arrays
-    in place (onnxruntime does with any numpy array; TVM needs the alignment) instead of one
-    runner paying a copy into its own allocation on each call."""
-    source = np.ascontiguousarray(array)
-    raw = np.empty(source.nbytes + alignment, np.uint8)
-    start = -raw.ctypes.data % alignment
-    out = raw[start:start + source.nbytes].view(source.dtype).reshape(source.shape)
-    out[...] = source
-    return out
 
 
 class LocalRunner:

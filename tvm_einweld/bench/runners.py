@@ -22,7 +22,8 @@ import numpy as np
 import onnx
 
 from .check import BF16, FP32, Tolerance
-from .isolation import INPUT_ALIGNMENT, bench_threads
+from ..runtime_io import flatten_outputs, vm_input
+from .isolation import bench_threads
 
 Inputs = Mapping[str, np.ndarray]
 RunFn = Callable[[Inputs], list[np.ndarray]]
@@ -98,13 +99,6 @@ def graph_input_names(model: onnx.ModelProto) -> list[str]:
     return [i.name for i in model.graph.input if i.name not in inits]
 
 
-def flatten_outputs(result) -> list[np.ndarray]:
-    """A VM result (a tensor, or nested tuples of them) as the list of its numpy arrays."""
-    if hasattr(result, "numpy"):
-        return [result.numpy()]
-    return [array for item in result for array in flatten_outputs(item)]
-
-
 def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ()) -> RunFn:
     """Wrap a compiled Relax executable's `main` as a RunFn (inputs by graph order)."""
     import tvm
@@ -118,22 +112,6 @@ def vm_runner(executable, input_names: Sequence[str], extra_args: Sequence = ())
 
     # The pool size TVM's runtime chose (TVM_NUM_THREADS, else half the logical CPUs).
     return with_settings(run, tvm_pool_threads=tvm.get_global_func("runtime.NumThreads")())
-
-
-def vm_input(array: np.ndarray):
-    """A TVM tensor for a numpy input: the array itself (DLPack, no copy) where TVM can read it
-    in place, C-contiguous and aligned as TVM's buffers declare (`isolation.aligned`), as
-    onnxruntime reads any numpy input; else (read-only, non-native byte order, a dtype numpy
-    does not export, empty) a copy.
-    A Relax function does not write its parameters, so the caller's array is left as it was."""
-    import tvm
-
-    # numpy exports neither read-only arrays nor ml_dtypes' (bfloat16, float8) through DLPack
-    if array.flags.c_contiguous and array.flags.writeable and array.dtype.isnative and \
-            array.dtype.kind in "biuf" and array.size and \
-            array.ctypes.data % INPUT_ALIGNMENT == 0:
-        return tvm.runtime.from_dlpack(array)
-    return tvm.runtime.tensor(np.ascontiguousarray(array))
 
 
 def _prepare_tvm_untuned(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunFn:

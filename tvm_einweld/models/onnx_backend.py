@@ -470,7 +470,7 @@ def run_tvm(executable, inputs: dict[str, np.ndarray], input_names: Sequence[str
     import tvm  # pylint: disable=import-outside-toplevel
     from tvm import relax  # pylint: disable=import-outside-toplevel
 
-    from ..bench.runners import flatten_outputs, vm_input  # pylint: disable=import-outside-toplevel
+    from ..runtime_io import flatten_outputs, vm_input  # pylint: disable=import-outside-toplevel
 
     main = relax.VirtualMachine(executable, tvm.cpu())["main"]
     return flatten_outputs(main(*[vm_input(inputs[n]) for n in input_names]))

@@ -22,6 +22,7 @@ import numpy as np
 import tvm
 from tvm import tirx
 
+from ..runtime_io import BUFFER_ALIGNMENT, place_aligned
 from ..verify.inputs import random_array
 from ..verify.random_testing import compare_arrays
 from .tile_graph import SubGraph, TileGraph
@@ -396,19 +397,17 @@ def _changed(result: np.ndarray, unset: np.ndarray) -> np.ndarray:
 
 
 _GUARD_BYTE = 0xA5
-_ALIGN = 64  # TVM's kernels assume buffers aligned to 64 bytes
 
 
 def _guarded(array: np.ndarray):
-    """(a copy of `array` inside a larger allocation, 64-byte aligned, with a guard zone of
-    at least its own size before and after it; a function saying whether both guards still
-    hold their pattern)."""
+    """(a copy of `array` inside a larger allocation, aligned as TVM's buffers are
+    (`runtime_io.place_aligned`), with a guard zone of at least its own size before and after
+    it; a function saying whether both guards still hold their pattern)."""
     size = max(array.nbytes, 1)
-    pad = -(-size // _ALIGN) * _ALIGN
-    raw = np.full(2 * pad + size + _ALIGN, _GUARD_BYTE, dtype=np.uint8)
-    start = (-raw.ctypes.data) % _ALIGN + pad
-    view = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
-    view[...] = array
+    pad = -(-size // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+    raw = np.full(2 * pad + size + BUFFER_ALIGNMENT, _GUARD_BYTE, dtype=np.uint8)
+    view = place_aligned(raw, pad, array)
+    start = view.ctypes.data - raw.ctypes.data
     before, after = raw[:start], raw[start + array.nbytes:]
     return view, lambda: bool(np.all(before == _GUARD_BYTE) and np.all(after == _GUARD_BYTE))
 
