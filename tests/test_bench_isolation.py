@@ -230,19 +230,40 @@ def test_cpu_lists_and_physical_cores() -> None:
 
 
 @pytest.mark.parametrize("shape,dtype", [((1, 3, 7, 5), "float32"), ((13,), "int64"),
-                                         ((2, 1, 3), "float64"), ((0, 4), "float32")])
+                                         ((2, 1, 3), "float64"), ((0, 4), "float32"),
+                                         ((), "float32")])
 def test_inputs_are_aligned_copies(shape, dtype):
     """Every runner's inputs start 64-byte aligned (`aligned`), equal to what was sent, from
     an unaligned or non-contiguous source too."""
-    from tvm_einweld.runtime_io import BUFFER_ALIGNMENT, aligned
+    from tvm_einweld.runtime_io import BUFFER_ALIGNMENT, aligned, vm_input
 
     raw = np.arange(int(np.prod(shape)) * 2 + 1).astype(dtype)
-    source = raw[1::2].reshape(shape)  # strided and (for most dtypes) unaligned
+    source = raw[1::2].reshape(shape)  # strided and (for most dtypes) unaligned; 0-d too
+    assert tuple(vm_input(source).shape) == source.shape  # the copy keeps the shape
     out = aligned(source)
     assert out.flags.c_contiguous
     assert out.ctypes.data % BUFFER_ALIGNMENT == 0 or out.size == 0  # no data to align
     assert out.dtype == source.dtype and out.shape == source.shape
     np.testing.assert_array_equal(out, source)
+
+
+def test_guarded_copies_keep_shape_and_sit_aligned_between_their_guards():
+    """The kernel checks' guard-zoned copy (`tir_passes.measure._guarded`, placed by
+    `runtime_io.place_aligned`): same shape (0-d too) and values, aligned, and a write just
+    outside it is seen."""
+    from tvm_einweld.runtime_io import BUFFER_ALIGNMENT
+    from tvm_einweld.tir_passes.measure import _guarded
+
+    for source in (np.array(2.5, "float32"), np.arange(7, dtype="float64").reshape(7, 1)):
+        view, intact = _guarded(source)
+        assert view.shape == source.shape and view.ctypes.data % BUFFER_ALIGNMENT == 0
+        np.testing.assert_array_equal(view, source)
+        assert intact()
+        raw = view
+        while raw.base is not None:  # the allocation the copy sits in (bytes)
+            raw = raw.base
+        raw[view.ctypes.data - raw.ctypes.data - 1] ^= 0xFF  # the byte just before the copy
+        assert not intact()
 
 
 def test_vm_input_reads_aligned_arrays_in_place_and_copies_others():

@@ -18,7 +18,7 @@ def place_aligned(raw: np.ndarray, offset: int, array: np.ndarray,
                   alignment: int = BUFFER_ALIGNMENT) -> np.ndarray:
     """A copy of `array` inside the byte buffer `raw`, starting at its first address that is a
     multiple of `alignment` at or after byte `offset` (`raw` needs `alignment` bytes of slack)."""
-    source = np.ascontiguousarray(array)
+    source = np.asarray(array, order="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
     start = offset + (-(raw.ctypes.data + offset)) % alignment
     out = raw[start:start + source.nbytes].view(source.dtype).reshape(source.shape)
     out[...] = source
@@ -33,7 +33,7 @@ def aligned(array: np.ndarray, alignment: int = BUFFER_ALIGNMENT) -> np.ndarray:
     return place_aligned(np.empty(array.nbytes + alignment, np.uint8), 0, array, alignment)
 
 
-def vm_input(array: np.ndarray):
+def vm_input(array: np.ndarray) -> "tvm.runtime.Tensor":
     """A TVM tensor for a numpy input: the array itself (DLPack, no copy) where TVM can read it
     in place, C-contiguous and `BUFFER_ALIGNMENT`-aligned (`aligned`), as onnxruntime reads any
     numpy input; else (read-only, non-native byte order, a dtype numpy does not export, empty)
@@ -46,10 +46,10 @@ def vm_input(array: np.ndarray):
             array.dtype.kind in "biuf" and array.size and \
             array.ctypes.data % BUFFER_ALIGNMENT == 0:
         return tvm.runtime.from_dlpack(array)
-    return tvm.runtime.tensor(np.ascontiguousarray(array))
+    return tvm.runtime.tensor(np.asarray(array, order="C"))
 
 
-def flatten_outputs(result) -> list[np.ndarray]:
+def flatten_outputs(result: object) -> list[np.ndarray]:
     """A VM result (a tensor, or nested tuples of them) as the list of its numpy arrays."""
     if hasattr(result, "numpy"):
         return [result.numpy()]
