@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 
 import tvm
-from tvm import ir, relax, tirx
+from tvm import ir, relax, s_tir, tirx
 from tvm.target import Target
 from tvm_ffi import structural_map
 
@@ -54,23 +54,27 @@ def _collect(node, kinds) -> list:
     return found
 
 
+def _blocks(func: tirx.PrimFunc) -> list:
+    """The func's blocks but the root, read off its body (`propagate.leaf_blocks` needs a
+    Schedule, which TVM refuses for some kernels, already scheduled ones among them)."""
+    return [b for b in _collect(func.body, s_tir.SBlock) if b.name_hint != "root"]
+
+
 def is_gather(func: tirx.PrimFunc) -> bool:
     """One spatial block that reads through an index."""
     # pylint: disable=import-outside-toplevel
-    from ..tir_passes.propagate import leaf_blocks
     from ..tir_passes.rules.cpu.injective import is_reduction, reads_through_index
 
-    blocks = leaf_blocks(func)
+    blocks = _blocks(func)
     return len(blocks) == 1 and not is_reduction(blocks[0]) and reads_through_index(blocks[0])
 
 
 def is_contraction(func: tirx.PrimFunc) -> bool:
     """A PrimFunc with a reduction block multiplying two operands (matmul, einsum)."""
     # pylint: disable=import-outside-toplevel
-    from ..tir_passes.propagate import leaf_blocks
     from ..tir_passes.rules.cpu.injective import is_gemm_like
 
-    return any(is_gemm_like(b) for b in leaf_blocks(func))
+    return any(is_gemm_like(b) for b in _blocks(func))
 
 
 def _elements(ty) -> int | None:
@@ -140,7 +144,10 @@ def claimed_by_a_rule(mod: tvm.IRModule, producer: relax.Call, consumer: relax.C
         with bb.dataflow():
             out = bb.emit_output(relax.Call(gvar, params))
         bb.emit_func_output(out)
-    merged = relax.transform.FuseTIR()(bb.get())
+    try:
+        merged = relax.transform.FuseTIR()(bb.get())
+    except (RuntimeError, ValueError, TypeError):  # TVM refused: left as two kernels
+        return False
     funcs = [f for gv, f in merged.functions_items()
              if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith("fused")]
     return len(funcs) == 1 and schedule_cpu(funcs[0], target) is not None
