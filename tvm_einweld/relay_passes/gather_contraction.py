@@ -127,19 +127,18 @@ def _outer_args(producer: relax.Call, consumer: relax.Call, position: int) -> li
         [a for i, a in enumerate(consumer.args[1].fields) if i != position]
 
 
-def claimed_by_a_rule(mod: tvm.IRModule, producer: relax.Call, consumer: relax.Call,
-                      position: int, target: Target) -> bool:
-    """Whether a CPU rule schedules the PrimFunc FuseTIR makes of the two calls: grouped, the
-    contraction is no longer the GEMM rule's, and a kernel no rule takes would run unscheduled
-    (far slower than a materialised gather and the GEMM kernel)."""
+def claimed_by_a_rule(mod: tvm.IRModule, fused: relax.Function, target: Target) -> bool:
+    """Whether a CPU rule schedules the PrimFunc FuseTIR makes of the Primitive function
+    `fused` (`_primitive`, its callees in `mod`): grouped, the contraction is no longer the
+    GEMM rule's, and a kernel no rule takes would run unscheduled (far slower than a
+    materialised gather and the GEMM kernel)."""
     # pylint: disable=import-outside-toplevel
     from ..tir_passes.rules.cpu import schedule_cpu
 
-    outer = _outer_args(producer, consumer, position)
-    params = [relax.Var(f"a{i}", a.ty) for i, a in enumerate(outer)]
-    trial = tvm.IRModule({gv: mod[gv] for gv in (producer.args[0], consumer.args[0])})
-    bb = relax.BlockBuilder(trial)
-    gvar = bb.add_func(_primitive(producer, consumer, position), "fused")
+    callees = [b.value.args[0] for block in fused.body.blocks for b in block.bindings]
+    bb = relax.BlockBuilder(tvm.IRModule({gv: mod[gv] for gv in callees}))
+    gvar = bb.add_func(fused, "fused")
+    params = [relax.Var(f"a{i}", p.ty) for i, p in enumerate(fused.params)]
     with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_output(relax.Call(gvar, params))
@@ -180,11 +179,13 @@ class _Rewriter(relax.PyExprMutator):
                 continue
             producer = self.lookup_binding(arg)
             gather = self._prim_func(producer) if producer is not None else None
-            if gather is None or not is_gather(gather) or not _duplicates(producer) or \
-                    not claimed_by_a_rule(self.mod, producer, call, position, self.target):
+            if gather is None or not is_gather(gather) or not _duplicates(producer):
+                continue
+            fused = _primitive(producer, call, position)
+            if not claimed_by_a_rule(self.mod, fused, self.target):
                 continue
             name = f"fused_{producer.args[0].name_hint}_{call.args[0].name_hint}"
-            gvar = self.builder_.add_func(_primitive(producer, call, position), name)
+            gvar = self.builder_.add_func(fused, name)
             self.rewritten += 1
             return relax.Call(gvar, _outer_args(producer, call, position))
         return call

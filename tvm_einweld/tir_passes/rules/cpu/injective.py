@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import tvm
 from tvm import ir, s_tir, tirx
@@ -258,24 +258,32 @@ def gathered_contraction(block: s_tir.SBlock) -> bool:
     return is_gemm_like(block) and reads_through_index(block)
 
 
-def innermost_contiguous(block: s_tir.SBlock) -> bool:
-    """The block's innermost spatial axis is the last index, alone, of every access that uses
-    it and appears in no other index: vectors along it are contiguous loads and stores (a
-    window reduction's schedule fits)."""
-    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == DATA_PAR]
-    if not spatial:
-        return False
-    x = spatial[-1]
-    accesses = [list(ld.indices) for ld in loads(block)] + [list(st.indices)
-                                                            for st in stores(block)]
+def runs_along(accesses: Iterable[Sequence[tirx.Expr]], axes: set) -> bool:
+    """Every access (its indices) that uses one of `axes` has one of them, alone, as its last
+    index and none in its other indices: vectors along that axis are contiguous."""
     for indices in accesses:
-        if not any(x in expr_vars(i) for i in indices):
+        if not any(expr_vars(i) & axes for i in indices):
             continue
         last = indices[-1]
-        if not (isinstance(last, tirx.Var) and last.same_as(x)) or \
-                any(x in expr_vars(i) for i in indices[:-1]):
+        if not (isinstance(last, tirx.Var) and last in axes) or \
+                any(expr_vars(i) & axes for i in indices[:-1]):
             return False
     return True
+
+
+def innermost_contiguous(block: s_tir.SBlock) -> bool:
+    """The block's innermost spatial axis runs along every access that uses it (`runs_along`):
+    vectors along it are contiguous loads and stores (a window reduction's schedule fits)."""
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == DATA_PAR]
+    accesses = [ld.indices for ld in loads(block)] + [st.indices for st in stores(block)]
+    return bool(spatial) and runs_along(accesses, {spatial[-1]})
+
+
+def reduces_innermost(block: s_tir.SBlock) -> bool:
+    """The reduction axes run along every load that uses them (`runs_along`): a dot product
+    along contiguous rows, the lanes of an rfactor contiguous loads."""
+    reduce = {iv.var for iv in block.iter_vars if int(iv.iter_type) == COMM_REDUCE}
+    return runs_along((ld.indices for ld in loads(block)), reduce)
 
 
 def is_param(buffer, func: tirx.PrimFunc) -> bool:

@@ -38,8 +38,8 @@ Why it is correct:
 Not handled (the rule returns None, the function stays as it was): reductions over a non-innermost
 axis followed by other blocks (a lone one is injective.py's), GEMM-class reductions (gemm.py)
 other than a gathered contraction whose reduced loads all run along their last index
-(`injective.gathered_contraction`, `_reduces_innermost`: a dot product per output), symbolic
-shapes.
+(`injective.gathered_contraction`, `injective.reduces_innermost`: a dot product per
+output), symbolic shapes.
 """
 from __future__ import annotations
 
@@ -48,29 +48,14 @@ from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
 from .injective import (COMM_REDUCE, DATA_PAR, CpuParams, _get_realize, block_bytes, cpu_params,
-                        expr_vars, gathered_contraction, is_gemm_like, is_param,
-                        is_partition_scope, is_reduction, is_row_reduction, loads, loop_extent,
-                        loops_match_iters, inline_spatial, reads_through_index, try_vectorize,
+                        gathered_contraction, is_gemm_like, is_param, is_partition_scope,
+                        is_reduction, is_row_reduction, loop_extent, loops_match_iters,
+                        inline_spatial, reads_through_index, reduces_innermost, try_vectorize,
                         vectorize_chunks, visit_exprs)
 
 # Calls that make an element worth computing once and keeping for the row.
 EXPENSIVE_CALLS = frozenset({"tirx.exp", "tirx.erf", "tirx.tanh", "tirx.sigmoid", "tirx.log",
                              "tirx.pow", "tirx.exp2", "tirx.log2"})
-
-
-def _reduces_innermost(block: s_tir.SBlock) -> bool:
-    """Every load that uses a reduction axis has one as its last index, alone, and no
-    reduction axis in its other indices (a dot product along contiguous rows: the lanes of the
-    rfactor are contiguous loads)."""
-    reduce = {iv.var for iv in block.iter_vars if int(iv.iter_type) == COMM_REDUCE}
-    for ld in loads(block):
-        if not any(expr_vars(i) & reduce for i in ld.indices):
-            continue
-        last = ld.indices[-1]
-        if not (isinstance(last, tirx.Var) and last in reduce) or \
-                any(expr_vars(i) & reduce for i in ld.indices[:-1]):
-            return False
-    return True
 
 
 def _calls_expensive(block: s_tir.SBlock) -> bool:
@@ -360,7 +345,7 @@ def _schedule(func: tirx.PrimFunc, params: CpuParams, ragged_rows: bool = True
         return None
     inline_spatial(sch, func, keep=lambda b: _calls_expensive(b) and _consumers(sch, b) > 1)
     rvs = sch.get_child_blocks(root)
-    if any(is_gemm_like(b) and not (gathered_contraction(b) and _reduces_innermost(b))
+    if any(is_gemm_like(b) and not (gathered_contraction(b) and reduces_innermost(b))
            for b in map(sch.get, rvs)):
         return None
     anchor = sch.get(rvs[-1])
