@@ -119,8 +119,9 @@ class DeinterleaveStridedLoads:  # pylint: disable=too-few-public-methods
 
 
 def register_tir_pipeline() -> None:
-    """Register `TIR_PIPELINE` ("einweld") for `tvm.tirx.build(..., pipeline=...)`: TVM's
-    default TIR pipeline, then `DeinterleaveStridedLoads`,
+    """Register `TIR_PIPELINE` ("einweld") for `tvm.tirx.build(..., pipeline=...)`:
+    `lane_predicates.SplitLanePredicates`, TVM's default TIR pipeline, then
+    `DeinterleaveStridedLoads`,
     `interleave_stores.InterleaveStridedStores` and `widen_loads.WidenPartialLoads`
     (idempotent)."""
     pipelines = tvm.tirx.compilation_pipeline.PIPELINE_MAP
@@ -131,9 +132,11 @@ def register_tir_pipeline() -> None:
         lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
         # pylint: disable=import-outside-toplevel
         from .interleave_stores import InterleaveStridedStores
+        from .lane_predicates import SplitLanePredicates
         from .widen_loads import WidenPartialLoads
 
-        return (tvm.transform.Sequential([lower, DeinterleaveStridedLoads(),
+        return (tvm.transform.Sequential([SplitLanePredicates(), lower,
+                                          DeinterleaveStridedLoads(),
                                           InterleaveStridedStores(), WidenPartialLoads()],
                                          name="einweld_tir"), finalize_host, finalize_device)
 
