@@ -10,7 +10,7 @@ import tvm
 import tvm_einweld  # noqa: F401  (registers the pipelines)
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
-from tvm_ffi import structural_map
+from tvm_ffi import structural_equal, structural_map
 
 from tvm_einweld.tir_passes import deinterleave, lane_predicates
 from tvm_einweld.tir_passes.device import host_target
@@ -97,7 +97,7 @@ def test_monotone_bounds_split_and_match_numpy(rows, pitch, columns, lanes, cond
 @pytest.mark.parametrize("condition", ["modulo", "decreasing", "either"])
 def test_other_conditions_are_left_alone(condition):
     func = crop(3, 48, 37, 16, condition)
-    assert tvm.ir.structural_equal(lane_predicates.split_function(func), func)
+    assert structural_equal(lane_predicates.split_function(func), func)
     a, b = _run_crop(func, 3, 48, "float32")
     cols = np.arange(48)
     keep = {"modulo": (cols < 37) & (cols % 3 != 1),
