@@ -60,9 +60,10 @@ from onnx import helper, numpy_helper, shape_inference
 from tvm_einweld import machine
 from tvm_einweld.bench.check import compare_outputs
 from tvm_einweld.bench.isolation import WorkerError, WorkerProcess, bench_threads, error_line
+from tvm_einweld.bench.report import retimed_note
 from tvm_einweld.bench.roofline import graph_cost
 from tvm_einweld.bench.runners import graph_input_names, reference_outputs, with_settings
-from tvm_einweld.bench.timing import Timing, alternate_rounds
+from tvm_einweld.bench.timing import PhaseTimed, Timing, alternate_rounds, time_in_fast_phase
 from tvm_einweld.models import ZOO, build_model, random_inputs
 
 HERE = Path(__file__).resolve().parent
@@ -668,6 +669,9 @@ class Row:
     # Core-to-core round trip (ns) before and after the rounds (`machine.measure_round_trip_ns`)
     round_trip_before: Optional[float] = None
     round_trip_after: Optional[float] = None
+    # Round trips around earlier attempts at the rounds, discarded as timed in the slow phase
+    # (`bench.timing.time_in_fast_phase`).
+    slow_attempts: tuple[tuple[Optional[float], Optional[float]], ...] = ()
 
     def cell(self, runner: str) -> Optional[Cell]:
         return next((c for c in self.cells if c.runner == runner), None)
@@ -762,10 +766,13 @@ def measure_row(kernel: Kernel, specs: Sequence[RunnerSpec], workers: Workers, p
             numbers[name] = worker.calibrate(plan.min_round_seconds)
         except WorkerError as err:
             problems[name] = (FAILED, f"calibrating: {err}")
-    trip_before = machine.measure_round_trip_ns() if numbers else None  # workers quiet now
-    timings: dict[str, Timing] = alternate_rounds(
-        {name: ready[name].sample for name in numbers}, plan.repeats, plan.warmup, numbers,
-        on_error=lambda name, err: problems.setdefault(name, (FAILED, f"timing: {err}")))
+    def rounds() -> dict[str, Timing]:  # every worker quiet around them
+        return alternate_rounds(
+            {name: ready[name].sample for name in numbers}, plan.repeats, plan.warmup, numbers,
+            on_error=lambda name, err: problems.setdefault(name, (FAILED, f"timing: {err}")))
+
+    timed = time_in_fast_phase(rounds, log) if numbers else PhaseTimed({}, (None, None))
+    timings = dict(timed.value)
     for name in list(timings):  # a runtime that reuses buffers can go wrong on later calls
         try:
             again = compare_outputs(ready[name].outputs(), expected)
@@ -786,8 +793,7 @@ def measure_row(kernel: Kernel, specs: Sequence[RunnerSpec], workers: Workers, p
                  if copy_before is not None else None)
     row = Row(kernel.key, kernel.label, kernel.section, kernel.where, kernel.flops, kernel.bytes,
               tuple(cells[s.name] for s in specs), bandwidth, load_before, os.getloadavg()[0],
-              time.monotonic() - start, trip_before,
-              machine.measure_round_trip_ns() if numbers else None)
+              time.monotonic() - start, *timed.round_trips, timed.slow_attempts)
     trips = " -> ".join(f"{t:.0f}" if t is not None else "?"
                         for t in (row.round_trip_before, row.round_trip_after))
     log("  " + "  ".join(f"{c.runner} {_ms(c.seconds)}" if c.seconds else
@@ -973,7 +979,11 @@ def _round_trip_lines(rows: Sequence[Row]) -> list[str]:
             f"{statistics.median(known):.0f} ns, range {min(known):.0f}-{max(known):.0f}; "
             + (f"rows timed at over twice the fastest, whose multi-threaded times read high "
                f"(a VM host placing the CPUs apart): {', '.join(slow)}."
-               if slow else "no row over twice the fastest.") + "  "]
+               if slow else "no row over twice the fastest.")
+            + (f" Timed again once the round trip was back within twice the fastest "
+               f"(`bench.timing.time_in_fast_phase`; the discarded attempt's round trip): "
+               + "; ".join(r.label + retimed_note(r.slow_attempts) for r in again) + "."
+               if (again := [r for r in rows if r.slow_attempts]) else "") + "  "]
 
 
 def render(report: Report) -> str:

@@ -1,9 +1,13 @@
-"""The timing helper alternates runners, warms them up, and takes medians (fake clock)."""
+"""The timing helper alternates runners, warms them up, and takes medians (fake clock); rounds
+timed in the machine's slow phase are timed again (planted round trips)."""
 from __future__ import annotations
 
 import pytest
 
-from tvm_einweld.bench.timing import Timing, alternate_rounds, calls_per_sample, time_alternating
+from tvm_einweld import machine
+from tvm_einweld.bench.timing import (
+    Timing, alternate_rounds, calls_per_sample, time_alternating, time_in_fast_phase,
+)
 
 
 class FakeClock:
@@ -114,3 +118,48 @@ def test_rounds_alternate_and_a_failing_sampler_is_dropped() -> None:
     with pytest.raises(RuntimeError, match="b broke"):  # without on_error it propagates
         order.clear()
         alternate_rounds({"b": sampler("b", fail_on=1)})
+
+
+def _phase(trips: list, fast_after_wait: bool = True, retries: int = 1):
+    """time_in_fast_phase over planted round trips (ns, in measuring order), with the fast
+    phase reached by 50 ns; returns (result, attempts made, waits)."""
+    attempts, waits = [], []
+    planted = iter(trips)
+    result = time_in_fast_phase(
+        lambda: attempts.append(len(attempts)) or len(attempts), log=lambda text: None,
+        retries=retries, measure=lambda: next(planted),
+        slow=lambda *t: any(x is not None and x > 100 for x in t),
+        await_fast=lambda timeout: waits.append(timeout) or (50.0 if fast_after_wait else None))
+    return result, len(attempts), len(waits)
+
+
+def test_fast_rounds_are_kept() -> None:
+    result, attempts, waits = _phase([50.0, 60.0])
+    assert (result.value, result.round_trips, result.slow_attempts) == (1, (50.0, 60.0), ())
+    assert (attempts, waits) == (1, 0)
+
+
+def test_slow_rounds_are_timed_again_and_recorded() -> None:
+    result, attempts, waits = _phase([50.0, 400.0, 45.0, 55.0])
+    assert (attempts, waits) == (2, 1)
+    assert result.value == 2 and result.round_trips == (45.0, 55.0)
+    assert result.slow_attempts == ((50.0, 400.0),)
+
+
+def test_slow_rounds_kept_when_the_fast_phase_does_not_return() -> None:
+    result, attempts, waits = _phase([400.0, 380.0], fast_after_wait=False)
+    assert (attempts, waits, result.value) == (1, 1, 1)
+    assert result.round_trips == (400.0, 380.0) and result.slow_attempts == ()
+
+
+def test_retries_are_bounded() -> None:
+    result, attempts, _ = _phase([400.0] * 8, retries=2)
+    assert attempts == 3 and len(result.slow_attempts) == 2
+
+
+def test_slow_phase_is_judged_against_the_fastest_measured(monkeypatch) -> None:
+    monkeypatch.setattr(machine, "_ROUND_TRIPS", [48.0, 300.0])
+    assert machine.fastest_round_trip_ns() == 48.0
+    assert machine.in_slow_phase(None, 97.0) and not machine.in_slow_phase(90.0, None)
+    monkeypatch.setattr(machine, "_ROUND_TRIPS", [])
+    assert not machine.in_slow_phase(1e6)  # nothing measured yet: no phase known

@@ -658,7 +658,42 @@ def measure_round_trip_ns(seconds: float = 0.02, repeats: int = 5) -> Optional[f
     if len(usable_cpus()) < 2:
         return None
     out = _native_probe("round-trip", 2, seconds, repeats)
-    return float(out[0]) if out else None
+    if not out:
+        return None
+    _ROUND_TRIPS.append(float(out[0]))
+    return float(out[0])
+
+
+_ROUND_TRIPS: List[float] = []  # every round trip this process measured
+
+
+def fastest_round_trip_ns() -> Optional[float]:
+    """The fastest round trip (`measure_round_trip_ns`) this process has measured: the
+    machine's fast phase, as far as this process knows it."""
+    return min(_ROUND_TRIPS, default=None)
+
+
+def in_slow_phase(*trips: Optional[float], factor: float = 2.0) -> bool:
+    """Whether any of `trips` is over `factor` times the fastest this process has measured
+    (the cores sat apart while it was taken; `slow_round_trips` applies the same test to a
+    finished run's rows)."""
+    floor = fastest_round_trip_ns()
+    return floor is not None and any(t is not None and t > factor * floor for t in trips)
+
+
+def await_fast_phase(timeout: float = 120.0, poll: float = 3.0, factor: float = 2.0
+                     ) -> Optional[float]:
+    """Measure the round trip every `poll` seconds until one is within `factor` times the
+    fastest this process has measured; that round trip, or None after `timeout` seconds (the
+    VM host keeps a placement for minutes, so a benchmark waits a while, then goes on)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        trip = measure_round_trip_ns()
+        if trip is None or not in_slow_phase(trip, factor=factor):
+            return trip
+        if time.monotonic() + poll > deadline:
+            return None
+        time.sleep(poll)
 
 
 def row_round_trips(rows: Iterable[Iterable[Optional[float]]]) -> List[Optional[float]]:
@@ -670,7 +705,7 @@ def row_round_trips(rows: Iterable[Iterable[Optional[float]]]) -> List[Optional[
 def slow_round_trips(values: Sequence[Optional[float]], factor: float = 2.0) -> List[int]:
     """Indices of the round trips (`measure_round_trip_ns`, None: not measured) more than
     `factor` times the fastest among them: rows timed while the machine's cores were far
-    apart, which a report flags."""
+    apart, which a report flags (`in_slow_phase`: the same test while a run goes on)."""
     known = [v for v in values if v is not None]
     if not known:
         return []

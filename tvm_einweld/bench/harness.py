@@ -22,13 +22,16 @@ from typing import Callable, Optional, Sequence, Union
 
 import onnx
 
-from ..machine import code_version, load_average, measure_round_trip_ns, physical_cores
+from ..machine import code_version, load_average, physical_cores
 from ..models import random_inputs
 from .check import compare_outputs
 from .isolation import InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line
 from .roofline import GraphCost, graph_cost
 from .runners import RUNNERS, Runner, reference_outputs
-from .timing import Timing, alternate_rounds, calls_per_sample, local_sampler, reference_work
+from .timing import (
+    PhaseTimed, Timing, alternate_rounds, calls_per_sample, local_sampler, reference_work,
+    time_in_fast_phase,
+)
 
 OK, WRONG, FAILED, SKIPPED = "ok", "wrong", "failed", "skipped"
 # The name of the machine's reference loop among the samplers (`timing.reference_work`).
@@ -75,6 +78,8 @@ class ModelResult:
     # (`machine.measure_round_trip_ns`): multi-threaded latencies read high where it is slow.
     round_trip_before: Optional[float] = None
     round_trip_after: Optional[float] = None
+    # Round trips around earlier attempts at the rounds, discarded as timed in the slow phase.
+    slow_attempts: tuple[tuple[Optional[float], Optional[float]], ...] = ()
 
     def result(self, runner: str) -> Optional[RunnerResult]:
         return next((r for r in self.results if r.runner == runner), None)
@@ -141,12 +146,13 @@ def _prepare_and_check(runner: Runner, handle: Handle, model_bytes: bytes, trial
 def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], expected,
                       plan: TimingPlan, log: Callable[[str], None]
                       ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]], Optional[Timing],
-                                 tuple[Optional[float], Optional[float]]]:
+                                 PhaseTimed]:
     """Alternating rounds over the checked runners and the machine's reference loop (in this
     process, idle while the workers run), then one more output check of each runner.
     Returns the runners' timings, per runner that went wrong on the way (status, detail),
-    the reference loop's timing (None when no runner was timed) and the core-to-core round
-    trip (ns) measured with every worker quiet just before and after the rounds."""
+    the reference loop's timing (None when no runner was timed) and the rounds' phase
+    (`timing.time_in_fast_phase`: the core-to-core round trips (ns) measured with every worker
+    quiet just before and after the rounds, and those of attempts timed again)."""
     problems: dict[str, tuple[str, str]] = {}
     numbers = {}
     for name, handle in handles.items():
@@ -158,11 +164,14 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
     if samplers:
         samplers[REFERENCE] = local_sampler(reference_work)
         numbers[REFERENCE] = calls_per_sample(reference_work, plan.min_sample_seconds)
-    trip_before = measure_round_trip_ns() if samplers else None  # workers quiet now
-    timings = alternate_rounds(
-        samplers, plan.repeats, plan.warmup, numbers,
-        on_error=lambda name, err: problems.setdefault(name, (FAILED,
-                                                              f"timing: {_detail(err)}")))
+    def rounds() -> dict[str, Timing]:  # every worker quiet around them
+        return alternate_rounds(
+            samplers, plan.repeats, plan.warmup, numbers,
+            on_error=lambda name, err: problems.setdefault(name, (FAILED,
+                                                                  f"timing: {_detail(err)}")))
+
+    timed = time_in_fast_phase(rounds, log) if samplers else PhaseTimed({}, (None, None))
+    timings = dict(timed.value)
     reference = timings.pop(REFERENCE, None)
     for name in list(timings):
         tolerance = runners[name].tolerance
@@ -174,11 +183,10 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
             continue
         if not agreement.ok:
             problems[name] = (WRONG, f"after timing: {agreement.detail}")
-    trip_after = measure_round_trip_ns() if samplers else None
     for name, (status, detail) in problems.items():
         timings.pop(name, None)
         log(f"  {name} {status}: {detail}")
-    return timings, problems, reference, (trip_before, trip_after)
+    return timings, problems, reference, timed
 
 
 def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequence[Runner],
@@ -234,12 +242,13 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
                     pending.insert(0, RUNNERS[runner.stand_in])
         log(f"  {name} b{batch}: timing {', '.join(handles) or 'nothing'} "
             f"({plan.repeats} alternating rounds)")
-        timings, problems, reference, round_trips = _time_and_recheck(handles, by_name,
-                                                                      expected, plan, log)
+        timings, problems, reference, phase = _time_and_recheck(handles, by_name, expected,
+                                                                plan, log)
     results = []
     for r in checked:
         status, detail = problems.get(r.runner, (r.status, r.detail))
         results.append(RunnerResult(r.runner, status, detail, r.prepare_seconds,
                                     timings.get(r.runner), r.settings, r.pid, r.error))
     return ModelResult(name, batch, cost, tuple(results), tuple(stand_ins), load_before,
-                       load_average(), code_version(), reference, *round_trips)
+                       load_average(), code_version(), reference, *phase.round_trips,
+                       phase.slow_attempts)

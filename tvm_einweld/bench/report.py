@@ -138,9 +138,19 @@ def spread_table(suite: SuiteResult) -> str:
             cells.append(cell(r.timing if r else None))
         lines.append("| " + " | ".join([m.model, str(m.batch),
                                         f"{_load(m.load_before)} → {_load(m.load_after)}",
-                                        f"{_ns(m.round_trip_before)} → {_ns(m.round_trip_after)}",
+                                        f"{_ns(m.round_trip_before)} → {_ns(m.round_trip_after)}"
+                                        + retimed_note(m.slow_attempts),
                                         *cells]) + " |")
     return "\n".join(lines)
+
+
+def retimed_note(slow_attempts) -> str:
+    """A table cell's note for rounds timed again (`timing.time_in_fast_phase`): the slowest
+    round trip of each discarded attempt."""
+    if not slow_attempts:
+        return ""
+    trips = [max((t for t in a if t is not None), default=None) for a in slow_attempts]
+    return f" (timed again: first at {', '.join(_ns(t) for t in trips)})"
 
 
 def settings_lines(suite: SuiteResult) -> list[str]:
@@ -232,7 +242,10 @@ def markdown(suite: SuiteResult, chart: Optional[str] = None) -> str:
         "cache line from a thread on one core to a thread on another and back "
         "(`machine.measure_round_trip_ns`), with every worker quiet, just before and after the "
         "rounds; every fork/join of a thread pool pays it, and on a VM it jumps for minutes "
-        "(about 50 -> 400 ns on the 2-vCPU Zen 5) when the host places the CPUs apart.",
+        "(about 50 -> 400 ns on the 2-vCPU Zen 5) when the host places the CPUs apart. "
+        "Rounds around which it read over twice the run's fastest are timed again once it "
+        "is back (`bench.timing.time_in_fast_phase`, waiting up to 2 minutes); \"timed "
+        "again\" gives the discarded attempt's round trip.",
         "",
         spread_table(suite),
         "",
@@ -316,7 +329,8 @@ def from_json(text: str) -> SuiteResult:
                            tuple(tuple(s) for s in m.get("stand_ins", ())),
                            m.get("load_before"), m.get("load_after"), m.get("code"),
                            timing_of(m.get("reference")), m.get("round_trip_before"),
-                           m.get("round_trip_after"))
+                           m.get("round_trip_after"),
+                           tuple(tuple(a) for a in m.get("slow_attempts", ())))
 
     return SuiteResult(
         data["command"], data["started_utc"], data["wall_seconds"], MachineInfo(**data["machine"]),

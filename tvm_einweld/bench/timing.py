@@ -17,6 +17,11 @@ the process less CPU. On a shared VM its round medians can differ by tens of per
 92 % in a zoo row) while most agree within a few, and a runner's spread over the target next
 to a reference spread over it is the machine's, not the runtime's.
 
+The machine's phase is timed around the rounds too (`time_in_fast_phase`): the core-to-core
+round trip, which on this project's VMs jumps from ~50 to ~400 ns for minutes while the host
+places the two virtual CPUs apart, and every fork/join of a thread pool pays it. Rounds taken
+then are timed again once the fast phase is back, and the discarded attempt is recorded.
+
 A runner is given as a `Sampler`: `sampler(n)` makes n timed calls and returns the seconds of
 each. `local_sampler(fn)` makes one from a zero-argument call in this process; a worker
 process runs the same `local_sampler` on its side and answers over a pipe.
@@ -26,9 +31,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Generic, Mapping, Optional, Sequence, TypeVar
+
+from .. import machine
 
 Sampler = Callable[[int], Sequence[float]]  # n -> seconds of each of n timed calls
+T = TypeVar("T")
+RoundTrips = tuple[Optional[float], Optional[float]]  # ns, before and after some rounds
 
 
 @dataclass(frozen=True)
@@ -153,3 +162,40 @@ def calls_per_sample(call: Callable[[], object], target_seconds: float = 0.05,
         spent += rest[-1]
     once = statistics.median(rest)
     return max(1, min(1000, round(target_seconds / once))) if once > 0 else 1000
+
+
+@dataclass(frozen=True)
+class PhaseTimed(Generic[T]):
+    """What `time_in_fast_phase` timed: the kept attempt's value, the round trips (ns) around
+    it, and those around each attempt discarded because the machine was in its slow phase."""
+
+    value: T
+    round_trips: RoundTrips
+    slow_attempts: tuple[RoundTrips, ...] = ()
+
+
+def time_in_fast_phase(time_once: Callable[[], T], log: Callable[[str], None] = print,
+                       retries: int = 1, wait_seconds: float = 120.0,
+                       measure: Callable[[], Optional[float]] = machine.measure_round_trip_ns,
+                       slow: Callable[..., bool] = machine.in_slow_phase,
+                       await_fast: Callable[[float], Optional[float]] = lambda timeout:
+                       machine.await_fast_phase(timeout)) -> PhaseTimed[T]:
+    """Call `time_once` (some timed rounds, with every other process quiet) between two
+    round-trip measurements; where either reads slow (`machine.in_slow_phase`: over twice the
+    fastest this process has seen), wait up to `wait_seconds` for the fast phase and time
+    again, at most `retries` times. The last attempt is kept; when the fast phase does not
+    come back in time, the slow attempt is kept (a report flags its row). `measure`, `slow`
+    and `await_fast` are the machine's (tests plant others)."""
+    discarded: list[RoundTrips] = []
+    while True:
+        before = measure()
+        value = time_once()
+        trips = (before, measure())
+        if len(discarded) >= retries or not slow(*trips):
+            return PhaseTimed(value, trips, tuple(discarded))
+        log(f"  round trip {' -> '.join(f'{t:.0f}' if t else '?' for t in trips)} ns, over "
+            f"twice the fastest: waiting for the cores to come together, then timing again")
+        if await_fast(wait_seconds) is None:
+            log("  the fast phase did not come back: keeping these rounds (flagged)")
+            return PhaseTimed(value, trips, tuple(discarded))
+        discarded.append(trips)
