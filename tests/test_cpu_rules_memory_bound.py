@@ -357,12 +357,13 @@ def _whole_range() -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([bits, edges]))
 
 
-def _vectorised(name: str, size: int) -> tvm.IRModule:
-    """`name` over `size` floats, fast-math rewritten, its loop vectorised at the ISA's lanes."""
+def _vectorised(name: str, size: int, target=None) -> tvm.IRModule:
+    """`name` over `size` floats, fast-math rewritten (the formulas for `target`, None: the
+    portable ones), its loop vectorised at the ISA's lanes."""
     op = REFERENCES[name][0]
     a = te.placeholder((size,), "float32")
     b = te.compute(a.shape, lambda i: op(a[i]), name="compute")
-    func, replaced = fast_math.rewrite_fast_math(te.create_prim_func([a, b]))
+    func, replaced = fast_math.rewrite_fast_math(te.create_prim_func([a, b]), target)
     assert replaced == 1
     sch = tvm.s_tir.Schedule(func)
     (loop,) = sch.get_loops(sch.get_sblock("compute"))
@@ -370,8 +371,8 @@ def _vectorised(name: str, size: int) -> tvm.IRModule:
     return sch.mod
 
 
-def _evaluate(name: str, xs: np.ndarray) -> np.ndarray:
-    lib = tvm.compile(_vectorised(name, xs.size), TARGET)
+def _evaluate(name: str, xs: np.ndarray, target=None) -> np.ndarray:
+    lib = tvm.compile(_vectorised(name, xs.size, target), TARGET)
     out = tvm.runtime.tensor(np.zeros_like(xs))
     lib(tvm.runtime.tensor(xs), out)
     return out.numpy()
@@ -395,17 +396,25 @@ def fast_math_errors(name: str, y: np.ndarray, xs: np.ndarray) -> dict:
     }
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCES))
-def test_fast_math_whole_range(name):
+AVX512 = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver5"})
+
+
+@pytest.mark.parametrize("name,target", [(n, None) for n in sorted(REFERENCES)]
+                         + [("exp", AVX512), ("sigmoid", AVX512)])
+def test_fast_math_whole_range(name, target):
+    """Every formula over the whole float range; exp and sigmoid also with AVX-512's ldexp
+    scaling (`MathOptions.ldexp`; compiled for this machine, where LLVM makes it vscalefps
+    or, without AVX-512, a libm call per lane: the same values either way)."""
     xs = _whole_range()
-    errors = fast_math_errors(name, _evaluate(name, xs), xs)
+    errors = fast_math_errors(name, _evaluate(name, xs, target), xs)
     assert errors["rel"] <= fast_math.MAX_ERROR[name], errors
     assert errors["sub"] <= fast_math.MAX_SUBNORMAL_ERROR, errors
     assert errors["nan"] and errors["inf"], errors
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCES))
-def test_fast_math_formulas_vectorise(name):
+@pytest.mark.parametrize("name,target", [(n, None) for n in sorted(REFERENCES)]
+                         + [("exp", AVX512), ("sigmoid", AVX512)])
+def test_fast_math_formulas_vectorise(name, target):
     """TVM's VectorizeLoop scalarises a whole loop over one call it does not know (it did so
     for `tirx.isnan`, leaving softmax's and GELU's loops scalar): the lowered store must be a
     vector store."""
@@ -415,7 +424,7 @@ def test_fast_math_formulas_vectorise(name):
     lowered = tvm.ir.transform.Sequential([
         s_tir.transform.LowerInitBlock(), s_tir.transform.ConvertBlocksToOpaque(),
         s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
-        tirx.transform.VectorizeLoop(True)])(_vectorised(name, 4 * lanes))
+        tirx.transform.VectorizeLoop(True)])(_vectorised(name, 4 * lanes, target))
     stores = []
 
     def visit(stmt):
@@ -428,6 +437,17 @@ def test_fast_math_formulas_vectorise(name):
 
     visit(lowered["main"].body)
     assert stores == [f"float32x{lanes}"], stores
+
+
+def test_ldexp_scaling_only_where_avx512_has_it():
+    avx2 = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"})
+    assert fast_math.math_options(AVX512).ldexp
+    assert not fast_math.math_options(avx2).ldexp
+    assert not fast_math.math_options(None).ldexp
+    a = te.placeholder((16,), "float32")
+    func = te.create_prim_func([a, te.compute(a.shape, lambda i: te.exp(a[i]))])
+    assert "llvm.ldexp" in fast_math.rewrite_fast_math(func, AVX512)[0].script()
+    assert "llvm.ldexp" not in fast_math.rewrite_fast_math(func, avx2)[0].script()
 
 
 def test_fast_math_leaves_float64_to_libm():
@@ -450,7 +470,8 @@ def test_planted_fault_in_a_formula_is_caught(monkeypatch):
 def test_planted_fault_in_a_scheduled_kernel_is_caught(monkeypatch):
     """A kernel whose exp is off by 1e-4 must fail the module check the tests above use."""
     monkeypatch.setitem(fast_math.FAST_MATH, "tirx.exp",
-                        lambda x: fast_math.fast_exp(x) * tvm.tirx.const(1.0001, "float32"))
+                        lambda x, options: fast_math.fast_exp(x, options)
+                        * tvm.tirx.const(1.0001, "float32"))
     with pytest.raises(AssertionError):
         check(lambda x: R.exp(x), np.exp, [(3, 37)])
 

@@ -44,7 +44,7 @@ def dlight_family(rule: ScheduleRule, name: Optional[str] = None) -> Family:
         sch = rule.apply(func, target, False)
         if sch is None:
             return None
-        scheduled = rewrite_fast_math(sch.mod["main"])[0]
+        scheduled = rewrite_fast_math(sch.mod["main"], target)[0]
         return label, mark_scheduled(scheduled)
 
     return family

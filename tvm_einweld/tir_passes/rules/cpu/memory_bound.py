@@ -58,7 +58,7 @@ def schedule_memory_bound(func: tirx.PrimFunc, target: Target, fast_math: bool =
             # twice).
             scheduled = sch.mod["main"]
             if fast_math:
-                scheduled = rewrite_fast_math(scheduled)[0]
+                scheduled = rewrite_fast_math(scheduled, target)[0]
             return name, mark_scheduled(scheduled)
     return None
 
