@@ -87,11 +87,7 @@ def check_inside_output(sch, m, n, k):
     assert (whole[m:] == 12345.0).all(), "the kernel wrote past the end of C"
 
 
-def test_padded_tile_with_a_reshape_consumer():
-    """A 1x1 conv (a GEMM whose 100 output columns pad to whole panels) followed by a reshape
-    to (1, 800): folding the reshape into the padded write-back once turned the crop
-    `col < 100` into `row * 100 + col < 800`, so padded columns overwrote the next row (a
-    group TileGraphFusion merged; its check caught it). The reshape now stays outside."""
+def _reshape_after_conv():
     x = te.placeholder((1, 8, 10, 10), name="x")
     w = te.placeholder((8, 8, 1, 1), name="w")
     c = te.reduce_axis((0, 8), "c")
@@ -99,12 +95,58 @@ def test_padded_tile_with_a_reshape_consumer():
                                                                   axis=c), name="conv")
     out = te.compute((1, 800), lambda a, b: conv[0, b // 100, (b % 100) // 10, b % 10],
                      name="reshape")
-    func = te.create_prim_func([x, w, out]).with_attr("global_symbol", "main")
-    sch = gemm.GEMM().apply(func, TARGET, False)
+    return te.create_prim_func([x, w, out]).with_attr("global_symbol", "main")
+
+
+def _run_reshape_after_conv():
+    sch = gemm.GEMM().apply(_reshape_after_conv(), TARGET, False)
     assert sch is not None
     xs, ws = rand(1, 8, 10, 10), rand(8, 8, 1, 1)
     got = run_func(sch.mod["main"], xs, ws, out_shape=(1, 800), dtype="float32")
     ref = np.einsum("nchw,fc->nfhw", xs, ws[:, :, 0, 0]).reshape(1, 800)
+    return got, ref
+
+
+def test_padded_tile_with_a_reshape_consumer():
+    """A 1x1 conv (a GEMM whose 100 output columns pad to whole panels) followed by a reshape
+    to (1, 800): folding the reshape into the padded write-back once turned the crop
+    `col < 100` into `row * 100 + col < 800`, so padded columns overwrote the next row (a
+    group TileGraphFusion merged; its check caught it). `_crop_kept` refuses that fold."""
+    got, ref = _run_reshape_after_conv()
+    np.testing.assert_allclose(got, ref, **tol("float32"))
+
+
+def test_planted_fold_that_drops_the_crop_is_caught(monkeypatch):
+    """Folding the reshape anyway (the crop check planted away) writes the padded columns
+    over the next row: the numeric check above must see it."""
+    monkeypatch.setattr(gemm, "_crop_kept", lambda sch, consumer: True)
+    got, ref = _run_reshape_after_conv()
+    assert not np.allclose(got, ref, **tol("float32"))
+
+
+@pytest.mark.parametrize("channels,size", [(32, 28), (24, 7), (19, 13)])
+def test_conv_1x1_epilogue_folds_into_the_padded_crop(channels, size):
+    """A 1x1 conv whose positions y * W + x pad to whole panels, with a bias + relu epilogue
+    read back as (y, x): the padding lies past the end of the positions, the crop survives
+    the fold (`_crop_kept`), and no pass over the output is left outside the tiles."""
+    x = te.placeholder((1, 16, size, size), name="x")
+    w = te.placeholder((channels, 16, 1, 1), name="w")
+    bias = te.placeholder((channels,), name="bias")
+    c = te.reduce_axis((0, 16), "c")
+    conv = te.compute((1, channels, size, size), lambda n, f, y, xx: te.sum(
+        x[n, c, y, xx] * w[f, c, 0, 0], axis=c), name="conv")
+    out = te.compute(conv.shape, lambda n, f, y, xx: te.max(conv[n, f, y, xx] + bias[f], 0.0),
+                     name="out")
+    func = te.create_prim_func([x, w, bias, out]).with_attr("global_symbol", "main")
+    sch = gemm.GEMM().apply(func, TARGET, False)
+    assert sch is not None
+    root = sch.get_child_blocks(sch.get_sblock("root"))
+    assert not any("out" in sch.get(b).name_hint for b in root), "epilogue left as a pass"
+    xs, ws, bs = rand(1, 16, size, size), rand(channels, 16, 1, 1), rand(channels)
+    got = run_func(sch.mod["main"], xs, ws, bs, out_shape=(1, channels, size, size),
+                   dtype="float32")
+    ref = np.maximum(np.einsum("nchw,fc->nfhw", xs, ws[:, :, 0, 0]) + bs[None, :, None, None],
+                     0.0)
     np.testing.assert_allclose(got, ref, **tol("float32"))
 
 

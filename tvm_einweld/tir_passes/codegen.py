@@ -35,6 +35,7 @@ from .cost import TileConfig, propagate_subgraph
 from .device import Device, shared_limits
 from .localize import LocalizeError, localize
 from .propagate import leaf_block_rvs, leaf_blocks
+from .rules.cpu.gemm import get_sblock_realize as _get_realize
 from .tile_graph import SubGraph, TileGraph
 
 
@@ -246,9 +247,6 @@ def _loop_kinds(sch, rv):
             if any(var.same_as(u) for u in used):
                 kinds[i] = "R"
     return kinds
-
-
-_get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 
 
 def _uses(expr, var) -> bool:

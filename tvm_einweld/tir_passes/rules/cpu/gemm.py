@@ -61,13 +61,18 @@ from fractions import Fraction
 
 import numpy as np
 import tvm
-from tvm import s_tir, tirx
+from tvm import ir, s_tir, tirx
+from tvm.sym import Analyzer
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import IterKind, IterTrait, make_iter_fusion_index_map
 from tvm.target import Target, codegen
 
 from .isa import VectorISA, vector_isa
+
+# (schedule, block) -> the block's SBlockRealize (its predicate and iter values); the one
+# lookup of it for the CPU rules and the Welder code generator.
+get_sblock_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
 
 # Vector load ports per core (how many vector loads, broadcasts included, issue per cycle).
 # Not exposed by LLVM; two is the figure for every AVX2 / AVX-512 / NEON core of the last decade
@@ -192,10 +197,9 @@ def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m:
     With N in one vector the padding copy costs about as much per element of A as the
     micro-kernel itself (NeRF's 4096x256 . 256x1: 14 rows and a copy of A, or 8 rows and
     none), which keeps such products on blocks that divide M.
-    `crop_pass`: the output's consumers read it through composite indices (a 1x1
-    convolution's positions p = y * W + x), which a padded tile's crop cannot be folded into
-    (`_inline_consumers`): padding M or N then costs a whole extra pass over the padded
-    output, at the padding copy's rate per element. MobileNetV2's 1x1 32 -> 192 at 28x28
+    `crop_pass`: a consumer of the output reads it through composite indices that a padded
+    tile's crop cannot be folded into (`_crop_kept`): padding M or N then costs a whole extra
+    pass over the padded output, at the padding copy's rate per element. MobileNetV2's 1x1 32 -> 192 at 28x28
     (N = 784) on a Zen 5, one process, alternating: 12 x 2 blocks (N padded to 800 and the
     extra pass) 60-66 us; the plan with the pass charged, 3 x 7 blocks (112 columns divide
     784) in row tiles of 96, 42 us; 2 x 7 in one row tile 26 us, which this model does not
@@ -534,17 +538,44 @@ def _simple_reads(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
                for region in sch.get(block).reads for rng in region.region)
 
 
+def _crop_kept(sch: s_tir.Schedule, consumer: s_tir.schedule.SBlockRV) -> bool:
+    """Whether reverse-inlining `consumer` (one that reads through composite indices) into
+    its producer, a padded tile's cropped write-back, keeps the crop: TVM 0.27 derives the
+    merged block's predicate from the consumer's domain, and where the padding lies on an
+    inner axis of the consumer's index it replaced the crop `col < 100` by the reshape's
+    bound `row * 100 + col < 800`, writing the padded columns over the next row (a 1x1 conv +
+    reshape merged by TileGraphFusion; caught by its check). Tried on a copy of the
+    schedule: kept only where TVM's analyzer proves, over the loops' ranges, that the merged
+    predicate implies the write-back's own (padding at the end of a flattened axis, a 1x1
+    convolution's positions y * W + x read back as (y, x), passes: the bound stays p < H * W)."""
+    producers = sch.get_producers(consumer)
+    if len(producers) != 1:
+        return False
+    producer = producers[0]
+    before = get_sblock_realize(sch, producer).predicate
+    trial = sch.copy()
+    try:
+        trial.reverse_compute_inline(consumer)
+    except (RuntimeError, ValueError):
+        return False
+    after = get_sblock_realize(trial, producer).predicate
+    analyzer = Analyzer()
+    for loop in trial.get_loops(producer):
+        stmt = trial.get(loop)
+        analyzer.bind(stmt.loop_var, ir.Range.from_min_extent(stmt.min, stmt.extent))
+    with analyzer.constraint_scope(after):
+        return analyzer.can_prove(before)
+
+
 def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
                       padded: bool = False) -> None:
     """Fold the consumer graph (reindex/pad crops, epilogues) into `block`, as dlight does:
     first inline intermediate consumers forward into their own consumers (so a value read
     twice, like GELU's x * erf(x), becomes one expression), then reverse-inline the rest
     into `block`. Consumers that refuse stay at the root, still correct.
-    With `padded` (the output tile has padding that a crop predicate removes), a consumer
-    reading through composite indices (a reshape) is not folded, and nothing is inlined into
-    it: TVM 0.27's reverse_compute_inline then rewrote the crop `col < 100` into the
-    reshape's bound `row * 100 + col < 800`, writing the padded columns over the next row
-    (a 1x1 conv + reshape merged by TileGraphFusion; caught by its check)."""
+    With `padded` (the output tile has padding that a crop predicate removes), nothing is
+    inlined forward into a consumer reading through composite indices (a reshape), and such
+    a consumer is reverse-inlined only where the crop provably survives (`_crop_kept`)."""
 
     def foldable(consumer) -> bool:
         return not padded or _simple_reads(sch, consumer)
@@ -562,7 +593,7 @@ def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
                 continue
         for consumer in consumers:
             try:
-                if foldable(consumer):
+                if foldable(consumer) or _crop_kept(sch, consumer):
                     sch.reverse_compute_inline(consumer)
                     changed = True
             except (RuntimeError, ValueError):
@@ -721,8 +752,25 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     if found is None:
         return None
     sch, main, shape = found
-    tiling = tiling or plan(shape, target, crop_pass=not all(
-        _simple_reads(sch, c) for c in _all_consumers(sch, main)))
+    if tiling is not None:
+        return _schedule_tiles(sch, main, shape, tiling, func, target)[0]
+    # Planned as if the padded tile's crop takes every consumer; where one stays a pass of its
+    # own (`_crop_kept` refused it), planned again with that pass charged (`choose_tiling`).
+    tiling = plan(shape, target)
+    sch, leftover = _schedule_tiles(sch, main, shape, tiling, func, target)
+    if leftover:
+        charged = plan(shape, target, crop_pass=True)
+        if charged != tiling:
+            sch, main, shape = analyse(func)
+            sch = _schedule_tiles(sch, main, shape, charged, func, target)[0]
+    return sch
+
+
+def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: GemmShape,
+                    tiling: Tiling, func: tirx.PrimFunc, target: Target
+                    ) -> tuple[s_tir.Schedule, bool]:
+    """Steps 2-4 of the module docstring on `analyse`'s schedule; and whether a consumer of
+    the padded output stayed a separate pass."""
     mr, nr, lanes = tiling.block.mr, tiling.block.nr, tiling.block.lanes
 
     # Step 2: pad I to whole row tiles and J to whole panels (no-op axes are left alone, so
@@ -763,6 +811,7 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
                                                              shape.dtype))
     sch.reverse_compute_at(accumulator, accumulator_at, preserve_unit_loops=True)
     _inline_consumers(sch, accumulator, padded=bool(pad_m or pad_n))
+    leftover = bool(pad_m or pad_n) and bool(_all_consumers(sch, accumulator))
     tile = sch.fuse(s, *outer)
     sch.parallel(tile)
     schedule_leftover_consumers(sch, accumulator, target)
@@ -772,7 +821,7 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     _vectorize_inner(sch, accumulator, lanes)
     init = sch.decompose_reduction(main, k_outer)
     _vectorize_inner(sch, init, lanes)
-    return sch
+    return sch, leftover
 
 
 def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_copied: bool,

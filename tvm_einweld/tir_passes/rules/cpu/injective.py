@@ -45,7 +45,7 @@ from . import gemm
 from ...deinterleave import MAX_STRIDE
 from .isa import vector_isa
 
-_get_realize = tvm.get_global_func("s_tir.schedule.GetSBlockRealize")
+_get_realize = gemm.get_sblock_realize
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tirx.IterVar kinds
 
