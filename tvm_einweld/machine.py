@@ -678,7 +678,12 @@ def in_slow_phase(*trips: Optional[float], factor: float = 2.0) -> bool:
     (the cores sat apart while it was taken; `slow_round_trips` applies the same test to a
     finished run's rows)."""
     floor = fastest_round_trip_ns()
-    return floor is not None and any(t is not None and t > factor * floor for t in trips)
+    return floor is not None and any(_apart(t, floor, factor) for t in trips)
+
+
+def _apart(trip: Optional[float], floor: float, factor: float) -> bool:
+    """A round trip over `factor` times the fastest: taken with the cores sat apart."""
+    return trip is not None and trip > factor * floor
 
 
 def await_fast_phase(timeout: float = 120.0, poll: float = 3.0, factor: float = 2.0
@@ -710,7 +715,7 @@ def slow_round_trips(values: Sequence[Optional[float]], factor: float = 2.0) -> 
     if not known:
         return []
     floor = min(known)
-    return [i for i, v in enumerate(values) if v is not None and v > factor * floor]
+    return [i for i, v in enumerate(values) if _apart(v, floor, factor)]
 
 
 def measure_native_copy_gbs(nbytes: int, threads: int = 1, seconds: float = 0.05,

@@ -178,8 +178,8 @@ def time_in_fast_phase(time_once: Callable[[], T], log: Callable[[str], None] = 
                        retries: int = 1, wait_seconds: float = 120.0,
                        measure: Callable[[], Optional[float]] = machine.measure_round_trip_ns,
                        slow: Callable[..., bool] = machine.in_slow_phase,
-                       await_fast: Callable[[float], Optional[float]] = lambda timeout:
-                       machine.await_fast_phase(timeout)) -> PhaseTimed[T]:
+                       await_fast: Callable[[float], Optional[float]] = machine.await_fast_phase
+                       ) -> PhaseTimed[T]:
     """Call `time_once` (some timed rounds, with every other process quiet) between two
     round-trip measurements; where either reads slow (`machine.in_slow_phase`: over twice the
     fastest this process has seen), wait up to `wait_seconds` for the fast phase and time

@@ -34,6 +34,7 @@ from tvm import relax, s_tir, tirx
 from .cost import TileConfig, propagate_subgraph
 from .device import Device, shared_limits
 from .localize import LocalizeError, localize
+from .lane_predicates import uses_var
 from .propagate import leaf_block_rvs, leaf_blocks
 from .rules.cpu.gemm import get_sblock_realize as _get_realize
 from .tile_graph import SubGraph, TileGraph
@@ -249,19 +250,15 @@ def _loop_kinds(sch, rv):
     return kinds
 
 
-def _uses(expr, var) -> bool:
-    return any(var.same_as(u) for u in tvm.tirx.analysis.undefined_vars(expr, []))
-
-
 def _walks_contiguously(sch, rv, loop) -> bool:
     """Does `loop` only ever move the last index of the buffers the block reads?"""
     realize = _get_realize(sch, rv)
     loop_var = sch.get(loop).loop_var
     block_vars = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values)
-                  if _uses(value, loop_var)]
+                  if uses_var(value, loop_var)]
     for read in realize.block.reads:
         for var in block_vars:
-            if any(_uses(r.min, var) for r in list(read.region)[:-1]):
+            if any(uses_var(r.min, var) for r in list(read.region)[:-1]):
                 return False
     return True
 

@@ -56,16 +56,9 @@ def _conjuncts(expr) -> list:
     return [expr]
 
 
-def _uses(expr, var) -> bool:
-    found = []
-
-    def visit(node):
-        if node.same_as(var):
-            found.append(node)
-        return node
-
-    structural_map(expr, [(ir.Var, visit)])
-    return bool(found)
+def uses_var(expr, var) -> bool:
+    """Whether `expr` reads the variable `var`."""
+    return any(var.same_as(u) for u in tirx.analysis.undefined_vars(expr, []))
 
 
 def _substitute(expr, var, value):
@@ -75,7 +68,7 @@ def _substitute(expr, var, value):
 def _nondecreasing(expr, var) -> bool:
     """`expr` is c * var + rest with a constant c >= 0 and rest free of `var`."""
     coefficients = detect_linear_equation(expr, [var])
-    if len(coefficients) != 2 or _uses(coefficients[1], var):
+    if len(coefficients) != 2 or uses_var(coefficients[1], var):
         return False
     return isinstance(coefficients[0], tirx.IntImm) and int(coefficients[0]) >= 0
 
@@ -88,7 +81,7 @@ def _monotone(conjunct, var) -> bool:
         grows, fixed = conjunct.b, conjunct.a
     else:
         return False
-    return not _uses(fixed, var) and _nondecreasing(grows, var)
+    return not uses_var(fixed, var) and _nondecreasing(grows, var)
 
 
 def _and(conditions: list):
@@ -111,11 +104,11 @@ def split_loop(loop: tirx.For) -> tirx.Stmt:
         return loop
     var = loop.loop_var
     conjuncts = _conjuncts(realize.predicate)
-    varying = [c for c in conjuncts if _uses(c, var)]
+    varying = [c for c in conjuncts if uses_var(c, var)]
     if not varying or not all(_monotone(c, var) for c in varying):
         return loop
     every_lane = _and([_substitute(c, var, tested_lane(loop)) for c in varying])
-    invariant = [c for c in conjuncts if not _uses(c, var)]
+    invariant = [c for c in conjuncts if not uses_var(c, var)]
     predicate = _and(invariant) if invariant else tirx.const(True, "bool")
     whole = tirx.For(var, loop.min, loop.extent, loop.kind,
                      s_tir.SBlockRealize(realize.iter_values, predicate, realize.block),
@@ -137,7 +130,6 @@ class SplitLanePredicates:  # pylint: disable=too-few-public-methods
     """Function pass: `split_function` on every CPU function (scheduled TIR, before lowering)."""
 
     def transform_function(self, func: tirx.PrimFunc, _mod, _ctx=None) -> tirx.PrimFunc:
-        target = func.attrs.get("target") if func.attrs is not None else None
-        if target is None or target.kind.name != "llvm":
-            return func
-        return split_function(func)
+        from .rules.cpu.isa import cpu_target  # pylint: disable=import-outside-toplevel
+
+        return func if cpu_target(func) is None else split_function(func)

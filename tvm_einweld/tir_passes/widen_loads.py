@@ -158,10 +158,10 @@ class WidenPartialLoads:  # pylint: disable=too-few-public-methods
 
     def transform_function(self, func: tirx.PrimFunc, _mod, _ctx=None) -> tirx.PrimFunc:
         # pylint: disable-next=import-outside-toplevel
-        from .rules.cpu.isa import has_feature, vector_isa
+        from .rules.cpu.isa import cpu_target, has_feature, vector_isa
 
-        target = func.attrs.get("target") if func.attrs is not None else None
-        if target is None or target.kind.name != "llvm":
+        target = cpu_target(func)
+        if target is None:
             return func
         isa = vector_isa(target)
         # masks on vectors narrower than a register need AVX512VL, on 8/16-bit lanes AVX512BW:

@@ -45,6 +45,8 @@ import tvm
 from tvm import ir, s_tir, tirx
 from tvm.ir.prim.expr import BinaryOpExpr, CmpExpr, LogicalExpr
 
+from .isa import cpu_target, has_feature
+
 F32 = "float32"
 
 
@@ -132,8 +134,6 @@ PORTABLE = MathOptions()
 
 def math_options(target: "tvm.target.Target | None") -> MathOptions:
     """The options for `target` (None: the portable formulas)."""
-    from .isa import has_feature  # pylint: disable=import-outside-toplevel
-
     if target is None or target.kind.name != "llvm":
         return PORTABLE
     return MathOptions(ldexp=has_feature("avx512f", target))
@@ -292,5 +292,4 @@ class FastMath:  # pylint: disable=too-few-public-methods
     own `target` attribute where it has one."""
 
     def transform_function(self, func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:
-        target = func.attrs.get("target") if func.attrs is not None else None
-        return rewrite_fast_math(func, target)[0]
+        return rewrite_fast_math(func, cpu_target(func))[0]

@@ -57,6 +57,13 @@ def _fma_units(pipes: int, pipe_bits: int, bits: int) -> int:
     return max(1, pipes * min(pipe_bits, bits) // bits)
 
 
+def cpu_target(func: tvm.tirx.PrimFunc) -> tvm.target.Target | None:
+    """The `target` attribute of `func` where it is a CPU (LLVM) target, else None: what the
+    CPU-only TIR passes check before they rewrite a function."""
+    target = func.attrs.get("target") if func.attrs is not None else None
+    return target if target is not None and target.kind.name == "llvm" else None
+
+
 def has_feature(feature: str, target: tvm.target.Target) -> bool:
     """Whether LLVM's `target` has the CPU `feature` (False off x86 or for an unknown name)."""
     try:
