@@ -31,15 +31,17 @@ from .. import is_scheduled, mark_scheduled, scheduled_kernel
 from .fast_math import rewrite_fast_math
 from .injective import (DATA_PAR, CpuParams, block_bytes, cpu_params, is_gemm_like,
                         loops_match_iters, schedule_injective, schedule_spatial_block)
+from .pooling import schedule_max_pool
 from .reduction import schedule_reduction
 
 Rule = Callable[[tirx.PrimFunc, Target], Optional[s_tir.Schedule]]
 
-# Order matters only for functions two rules could claim; the two rules exclude each other
-# (row reductions vs. everything else; of gathered contractions, those with a contiguous
-# innermost output axis vs. those reducing along rows), so this is just the cheaper check
-# first.
+# Order matters only for functions two rules could claim. Max pooling, which the injective rule
+# would also take as a window reduction, goes to its own two-pass form first (pooling.py);
+# the other two exclude each other (row reductions vs. everything else; of gathered
+# contractions, those with a contiguous innermost output axis vs. those reducing along rows).
 MEMORY_BOUND_RULES: tuple[tuple[str, Rule], ...] = (
+    ("pooling", schedule_max_pool),
     ("injective", schedule_injective),
     ("reduction", schedule_reduction),
 )
