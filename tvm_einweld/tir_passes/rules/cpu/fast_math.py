@@ -107,18 +107,16 @@ def _bind(value: tirx.Expr, body: Callable[[tirx.Expr], tirx.Expr], name: str) -
     return tirx.Let(var, value, body(var))
 
 
-def _isnan(x: tirx.Expr) -> tirx.Expr:
-    """x is a NaN: its exponent bits all set and its mantissa not zero, i.e. |bits| above
-    +inf's. Integer and/compare vectorise; `tirx.isnan` is a call TVM's VectorizeLoop does not
-    know, so a loop containing it was scalarised whole (softmax's exp loop ran 8 scalar exps
-    where one vector of 8 was meant), and `x != x` is folded to false by TVM's simplifier."""
-    bits = tirx.reinterpret("int32", x)
-    return (bits & tirx.const(0x7FFFFFFF, "int32")) > tirx.const(0x7F800000, "int32")
-
-
-def _keep_nan(x: tirx.Expr, result: tirx.Expr) -> tirx.Expr:
-    # min/max lower to compare+select, which drop a NaN operand; put it back.
-    return tirx.Select(_isnan(x), x, result)
+def _clamp(x: tirx.Expr, low: float, high: float) -> tirx.Expr:
+    """x clamped to [low, high], a NaN x kept as it is. TVM's LLVM code generator lowers
+    max(a, b) to select(a > b, a, b) with an ordered compare (min likewise), which is false for
+    a NaN, so the *second* operand is returned: with the bound first, a NaN x passes through
+    (x86's vmaxps/vminps have the same operand rule and implement it in one instruction), and
+    the arithmetic after it propagates the NaN. (Written the other way round, a NaN became the
+    bound, and each formula needed a bit test and a select to put it back: 3 of exp's ~25
+    vector instructions.) tests/test_cpu_rules_memory_bound.py checks nan -> nan for every
+    formula, vectorised and scalar."""
+    return tirx.min(_f(high), tirx.max(_f(low), x))
 
 
 @dataclass(frozen=True)
@@ -147,7 +145,7 @@ def _pow2(n: tirx.Expr) -> tirx.Expr:
 def fast_exp(x: tirx.Expr, options: MathOptions = PORTABLE) -> tirx.Expr:
     """float32 exp(x) from vector-friendly operations (see the module docstring)."""
     def body(x):
-        xc = tirx.min(tirx.max(x, _f(EXP_MIN_X)), _f(EXP_MAX_X))
+        xc = _clamp(x, EXP_MIN_X, EXP_MAX_X)
         n = tirx.floor(xc * _f(LOG2E) + _f(0.5))
 
         def scaled(n):
@@ -162,7 +160,7 @@ def fast_exp(x: tirx.Expr, options: MathOptions = PORTABLE) -> tirx.Expr:
             half = ni >> tirx.const(1, "int32")
             return y * _pow2(half) * _pow2(ni - half)
 
-        return _keep_nan(x, _bind(n, scaled, "exp_n"))
+        return _bind(n, scaled, "exp_n")
 
     return _bind(x, body, "exp_x")
 
@@ -173,20 +171,19 @@ def _odd_rational(x: tirx.Expr, clamp: float, p: Polynomial, q: Polynomial, name
         # x * (P / Q), not (x * P) / Q: for |x| near FLT_MIN, x * P would be subnormal.
         return _bind(xc * xc, lambda x2: xc * (p(x2) / q(x2)), name + "_x2")
 
-    return _bind(tirx.min(tirx.max(x, _f(-clamp)), _f(clamp)), body, name + "_xc")
+    return _bind(_clamp(x, -clamp, clamp), body, name + "_xc")
 
 
 def fast_erf(x: tirx.Expr, options: MathOptions = PORTABLE) -> tirx.Expr:
     """float32 erf(x) (see the module docstring)."""
-    return _bind(x, lambda x: _keep_nan(x, _odd_rational(x, ERF_CLAMP, ERF_P, ERF_Q, "erf")),
-                 "erf_x")
+    return _odd_rational(x, ERF_CLAMP, ERF_P, ERF_Q, "erf")
 
 
 def fast_tanh(x: tirx.Expr, options: MathOptions = PORTABLE) -> tirx.Expr:
     """float32 tanh(x) (see the module docstring)."""
     def body(x):
         approx = _odd_rational(x, TANH_CLAMP, TANH_P, TANH_Q, "tanh")
-        return _keep_nan(x, tirx.Select(tirx.abs(x) < _f(TANH_TINY), x, approx))
+        return tirx.Select(tirx.abs(x) < _f(TANH_TINY), x, approx)  # a NaN: approx's
 
     return _bind(x, body, "tanh_x")
 
