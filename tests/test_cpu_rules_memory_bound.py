@@ -4,6 +4,8 @@ pipeline does, scheduled by ApplyCPURules with the memory-bound family alone, co
 fast-math formulas over the whole float32 range; planted faults the checks must catch."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import scipy.special
@@ -411,6 +413,35 @@ def test_fast_math_whole_range(name, target):
     assert errors["rel"] <= fast_math.MAX_ERROR[name], errors
     assert errors["sub"] <= fast_math.MAX_SUBNORMAL_ERROR, errors
     assert errors["nan"] and errors["inf"], errors
+
+
+@pytest.mark.parametrize("divisor", [1.4142135, 3.0, -0.1, 7.3e-12, 8.0, -0.25, 3e38])
+def test_division_by_constant(divisor):
+    """x / c as x * RN(1/c): within one ulp over the whole float range (inf and nan as the
+    division gives them), bit-identical where c is a power of two; a reciprocal that would be
+    subnormal or infinite is not used."""
+    xs = _whole_range()
+    a = te.placeholder((xs.size,), "float32")
+    b = te.compute(a.shape, lambda i: a[i] / tvm.tirx.const(divisor, "float32"), name="q")
+    func, replaced = fast_math.rewrite_fast_math(te.create_prim_func([a, b]))
+    assert replaced == int(abs(divisor) < 1e38)
+    lib = tvm.compile(tvm.IRModule({"main": func}), TARGET)
+    out = tvm.runtime.tensor(np.zeros_like(xs))
+    lib(tvm.runtime.tensor(xs), out)
+    got = out.numpy().astype(np.float64)
+    with np.errstate(all="ignore"):
+        exact = xs.astype(np.float64) / np.float64(np.float32(divisor))
+        want = (xs / np.float32(divisor)).astype(np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want) & np.isfinite(got)
+    assert np.array_equal(got[~np.isnan(want) & ~finite], want[~np.isnan(want) & ~finite])
+    normal = finite & (np.abs(exact) >= np.finfo(np.float32).tiny)
+    rel = np.abs(got[normal] - exact[normal]) / np.abs(exact[normal])
+    assert rel.max() <= fast_math.MAX_ERROR["div"], rel.max()
+    sub = finite & (np.abs(exact) < np.finfo(np.float32).tiny)
+    assert np.abs(got[sub] - exact[sub]).max(initial=0) <= fast_math.MAX_SUBNORMAL_ERROR
+    if math.log2(abs(divisor)).is_integer():
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("name,target", [(n, None) for n in sorted(REFERENCES)]
