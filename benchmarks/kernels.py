@@ -63,7 +63,7 @@ from tvm_einweld.bench.isolation import WorkerError, WorkerProcess, bench_thread
 from tvm_einweld.bench.report import retimed_note
 from tvm_einweld.bench.roofline import graph_cost
 from tvm_einweld.bench.runners import graph_input_names, reference_outputs, with_settings
-from tvm_einweld.bench.timing import PhaseTimed, Timing, alternate_rounds, time_in_fast_phase
+from tvm_einweld.bench.harness import time_and_recheck
 from tvm_einweld.models import ZOO, build_model, random_inputs
 
 HERE = Path(__file__).resolve().parent
@@ -759,29 +759,9 @@ def measure_row(kernel: Kernel, specs: Sequence[RunnerSpec], workers: Workers, p
         elif status == OK:
             ready[spec.name] = worker
 
-    problems: dict[str, tuple[str, str]] = {}  # runner -> (status, detail)
-    numbers = {}
-    for name, worker in ready.items():
-        try:
-            numbers[name] = worker.calibrate(plan.min_round_seconds)
-        except WorkerError as err:
-            problems[name] = (FAILED, f"calibrating: {err}")
-    def rounds() -> dict[str, Timing]:  # every worker quiet around them
-        return alternate_rounds(
-            {name: ready[name].sample for name in numbers}, plan.repeats, plan.warmup, numbers,
-            on_error=lambda name, err: problems.setdefault(name, (FAILED, f"timing: {err}")))
-
-    timed = time_in_fast_phase(rounds, log) if numbers else PhaseTimed({}, (None, None))
-    timings = dict(timed.value)
-    for name in list(timings):  # a runtime that reuses buffers can go wrong on later calls
-        try:
-            again = compare_outputs(ready[name].outputs(), expected)
-            if not again.ok:
-                problems[name] = (WRONG, f"after timing: {again.detail}")
-        except WorkerError as err:
-            problems[name] = (FAILED, f"after timing: {err}")
+    timings, problems, _, timed = time_and_recheck(ready, expected, plan.repeats, plan.warmup,
+                                                   plan.min_round_seconds, log)
     for name, (status, detail) in problems.items():
-        timings.pop(name, None)
         cells[name] = dataclasses.replace(cells[name], status=status, detail=detail)
         if status == FAILED:
             workers.replace(name)

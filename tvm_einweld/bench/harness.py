@@ -18,13 +18,14 @@ import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import onnx
 
 from ..machine import code_version, load_average, physical_cores
 from ..models import random_inputs
-from .check import compare_outputs
+from .check import FP32, Tolerance, compare_outputs
 from .isolation import InProcessRunner, Prepared, WorkerError, WorkerProcess, error_line
 from .roofline import GraphCost, graph_cost
 from .runners import RUNNERS, Runner, reference_outputs
@@ -143,38 +144,45 @@ def _prepare_and_check(runner: Runner, handle: Handle, model_bytes: bytes, trial
                         error=agreement.relative_error)
 
 
-def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], expected,
-                      plan: TimingPlan, log: Callable[[str], None]
-                      ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]], Optional[Timing],
-                                 PhaseTimed]:
-    """Alternating rounds over the checked runners and the machine's reference loop (in this
-    process, idle while the workers run), then one more output check of each runner.
-    Returns the runners' timings, per runner that went wrong on the way (status, detail),
-    the reference loop's timing (None when no runner was timed) and the rounds' phase
-    (`timing.time_in_fast_phase`: the core-to-core round trips (ns) measured with every worker
-    quiet just before and after the rounds, and those of attempts timed again)."""
+def time_and_recheck(handles: Mapping[str, Handle], expected, repeats: int, warmup: int,
+                     min_sample_seconds: float, log: Callable[[str], None],
+                     tolerances: Mapping[str, Tolerance] = MappingProxyType({}),
+                     reference: bool = False
+                     ) -> tuple[dict[str, Timing], dict[str, tuple[str, str]], Optional[Timing],
+                                PhaseTimed]:
+    """Alternating rounds over the prepared `handles` (each round about `min_sample_seconds` of
+    back-to-back calls), with the machine's reference loop among them when `reference` (in
+    this process, idle while the workers run), timed again where the machine was in its slow
+    phase (`timing.time_in_fast_phase`); then one more output check of each handle against
+    `expected` (within its tolerance in `tolerances`, else fp32's): a runtime that reuses
+    buffers can go wrong on later calls. The zoo harness and the kernel benchmark both time
+    with it. Returns the timings, per handle that went wrong on the way (status, detail),
+    the reference loop's timing (None when not timed) and the rounds' phase (the
+    core-to-core round trips (ns) measured with every worker quiet just before and after the
+    rounds, and those of attempts timed again)."""
     problems: dict[str, tuple[str, str]] = {}
     numbers = {}
     for name, handle in handles.items():
         try:
-            numbers[name] = handle.calibrate(plan.min_sample_seconds)
+            numbers[name] = handle.calibrate(min_sample_seconds)
         except Exception as err:
             problems[name] = (FAILED, f"calibrating: {_detail(err)}")
     samplers = {name: handles[name].sample for name in numbers}
-    if samplers:
+    if samplers and reference:
         samplers[REFERENCE] = local_sampler(reference_work)
-        numbers[REFERENCE] = calls_per_sample(reference_work, plan.min_sample_seconds)
+        numbers[REFERENCE] = calls_per_sample(reference_work, min_sample_seconds)
+
     def rounds() -> dict[str, Timing]:  # every worker quiet around them
         return alternate_rounds(
-            samplers, plan.repeats, plan.warmup, numbers,
+            samplers, repeats, warmup, numbers,
             on_error=lambda name, err: problems.setdefault(name, (FAILED,
                                                                   f"timing: {_detail(err)}")))
 
     timed = time_in_fast_phase(rounds, log) if samplers else PhaseTimed({}, (None, None))
     timings = dict(timed.value)
-    reference = timings.pop(REFERENCE, None)
+    reference_timing = timings.pop(REFERENCE, None)
     for name in list(timings):
-        tolerance = runners[name].tolerance
+        tolerance = tolerances.get(name, FP32)
         try:
             agreement = compare_outputs(handles[name].outputs(), expected, tolerance.rtol,
                                         tolerance.atol_scale)
@@ -186,7 +194,7 @@ def _time_and_recheck(handles: dict[str, Handle], runners: dict[str, Runner], ex
     for name, (status, detail) in problems.items():
         timings.pop(name, None)
         log(f"  {name} {status}: {detail}")
-    return timings, problems, reference, timed
+    return timings, problems, reference_timing, timed
 
 
 def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequence[Runner],
@@ -242,8 +250,9 @@ def benchmark_model(name: str, model: onnx.ModelProto, batch: int, runners: Sequ
                     pending.insert(0, RUNNERS[runner.stand_in])
         log(f"  {name} b{batch}: timing {', '.join(handles) or 'nothing'} "
             f"({plan.repeats} alternating rounds)")
-        timings, problems, reference, phase = _time_and_recheck(handles, by_name, expected,
-                                                                plan, log)
+        timings, problems, reference, phase = time_and_recheck(
+            handles, expected, plan.repeats, plan.warmup, plan.min_sample_seconds, log,
+            {name: runner.tolerance for name, runner in by_name.items()}, reference=True)
     results = []
     for r in checked:
         status, detail = problems.get(r.runner, (r.status, r.detail))
