@@ -36,7 +36,7 @@ from .device import Device, shared_limits
 from .localize import LocalizeError, localize
 from .lane_predicates import uses_var
 from .propagate import leaf_block_rvs, leaf_blocks
-from .rules.cpu.gemm import get_sblock_realize as _get_realize
+from .rules.cpu.gemm import get_sblock_realize
 from .tile_graph import SubGraph, TileGraph
 
 
@@ -237,7 +237,7 @@ def _split_loops(sch, rv, depth):
 
 def _loop_kinds(sch, rv):
     """'S' or 'R' per loop of a block: does the loop feed a reduction iteration variable?"""
-    realize = _get_realize(sch, rv)
+    realize = get_sblock_realize(sch, rv)
     loop_vars = [sch.get(l).loop_var for l in sch.get_loops(rv)]
     kinds = ["S"] * len(loop_vars)
     for iv, value in zip(realize.block.iter_vars, realize.iter_values):
@@ -252,7 +252,7 @@ def _loop_kinds(sch, rv):
 
 def _walks_contiguously(sch, rv, loop) -> bool:
     """Does `loop` only ever move the last index of the buffers the block reads?"""
-    realize = _get_realize(sch, rv)
+    realize = get_sblock_realize(sch, rv)
     loop_var = sch.get(loop).loop_var
     block_vars = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values)
                   if uses_var(value, loop_var)]

@@ -45,7 +45,6 @@ from . import gemm
 from ...deinterleave import MAX_STRIDE
 from .isa import vector_isa
 
-_get_realize = gemm.get_sblock_realize
 
 DATA_PAR, COMM_REDUCE = 0, 2  # tirx.IterVar kinds
 
@@ -318,7 +317,7 @@ def loops_match_iters(sch: s_tir.Schedule, block_rv) -> bool:
     """The block sits in its own loop nest, one loop per block axis, bound in order (what
     LegalizeOps/FuseTIR produce); the rules rely on this to map axes to loops."""
     loops = sch.get_loops(block_rv)
-    realize = _get_realize(sch, block_rv)
+    realize = gemm.get_sblock_realize(sch, block_rv)
     if len(loops) != len(realize.iter_values):
         return False
     for loop, value in zip(loops, realize.iter_values):
@@ -408,7 +407,7 @@ def _lane_conditions(sch: s_tir.Schedule, block_rv, lane_loop):
     giving, for fixed values of some loops (the others over their ranges), each one's truth
     value where TVM's analyzer proves it (None where it does not)."""
     block = sch.get(block_rv)
-    realize = _get_realize(sch, block_rv)
+    realize = gemm.get_sblock_realize(sch, block_rv)
     atoms = condition_atoms(block)
     predicate = realize.predicate
     if not (isinstance(predicate, tirx.IntImm) and int(predicate) == 1):

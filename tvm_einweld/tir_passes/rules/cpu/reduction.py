@@ -47,7 +47,8 @@ from tvm import ir, s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError
 from tvm.target import Target
 
-from .injective import (COMM_REDUCE, DATA_PAR, CpuParams, _get_realize, block_bytes, cpu_params,
+from .gemm import get_sblock_realize
+from .injective import (COMM_REDUCE, DATA_PAR, CpuParams, block_bytes, cpu_params,
                         gathered_contraction, is_gemm_like, is_param, is_partition_scope,
                         is_reduction, is_row_reduction, loop_extent, loops_match_iters,
                         inline_spatial, reads_through_index, reduces_innermost, try_vectorize,
@@ -100,7 +101,7 @@ def _loops_below(sch: s_tir.Schedule, block_rv, depth: int):
     """The loops of a block under the first `depth` loops, split by the kind of block axis each
     one drives: (spatial loops, reduction loops), outer to inner."""
     block = sch.get(block_rv)
-    realize = _get_realize(sch, block_rv)
+    realize = get_sblock_realize(sch, block_rv)
     spatial, reduce = [], []
     for loop in sch.get_loops(block_rv)[depth:]:
         var = sch.get(loop).loop_var
@@ -188,7 +189,7 @@ def _tree_combine(sch: s_tir.Schedule, combine_rv) -> list:
 
 
 def _predicated(sch: s_tir.Schedule, block_rv) -> bool:
-    predicate = _get_realize(sch, block_rv).predicate
+    predicate = get_sblock_realize(sch, block_rv).predicate
     return not (isinstance(predicate, tirx.IntImm) and predicate.value == 1)
 
 
@@ -264,7 +265,7 @@ def _merge_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, rows: int):
     signature: dict = {}
     for (_, rv), loops in zip(pairs, outer_loops):
         block = sch.get(rv)
-        realize = _get_realize(sch, rv)
+        realize = get_sblock_realize(sch, rv)
         row_vars = []
         for loop in loops:
             bound = [iv.var for iv, value in zip(block.iter_vars, realize.iter_values)
