@@ -67,7 +67,7 @@ from tvm.target import Target
 from tvm_ffi import structural_hash
 
 from ..tir_passes.measure import Comparison, compare_modules, kernel_module, time_func
-from ..tir_passes.rules import SCHEDULED_ATTR, is_scheduled
+from ..tir_passes.rules import SCHEDULED_ATTR, is_scheduled, same_code
 from ..tir_passes.rules.cpu import schedule_cpu
 from ..tir_passes.rules.cpu.apply import prepack_weights
 from .entry_points import prepare_relax
@@ -340,22 +340,9 @@ def _same_task(by_hash: Dict[int, List[TaskState]], mod: tvm.IRModule) -> Option
                  if structural_equal(s.mod, mod)), None)
 
 
-def _code(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    """`func` without its attributes: task extraction and weight marking add some (a name,
-    layout-free parameters) that do not change what it computes or how."""
-    return tvm.tirx.PrimFunc(func.params, func.body, func.ret_type)
-
-
-def _same_code(a: tvm.tirx.PrimFunc, b: tvm.tirx.PrimFunc) -> bool:
-    """Whether two kernels are the same code, whatever their attributes (`_code`)."""
-    from tvm_ffi import structural_equal
-
-    return structural_equal(_code(a), _code(b))
-
-
 def _merged_of(kernel: tvm.tirx.PrimFunc, tile_groups) -> Optional[tvm.tirx.PrimFunc]:
     """The merged function of the tile group whose kernel is `kernel`, or None."""
-    return next((merged for tile, merged in tile_groups if _same_code(tile, kernel)), None)
+    return next((merged for tile, merged in tile_groups if same_code(tile, kernel)), None)
 
 
 def _tile_task(kernel: tvm.tirx.PrimFunc, merged: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -376,7 +363,7 @@ def _replace_tile_kernels(module: tvm.IRModule, programs) -> tvm.IRModule:
     functions = dict(module.functions_items())
     for gvar, func in functions.items():
         if isinstance(func, tvm.tirx.PrimFunc):
-            tuned = next((t for kernel, t in programs if _same_code(func, kernel)), None)
+            tuned = next((t for kernel, t in programs if same_code(func, kernel)), None)
             if tuned is not None:
                 functions[gvar] = _with_attrs_of(tuned, func)
     return tvm.IRModule(functions, attrs=module.attrs, global_infos=module.global_infos)

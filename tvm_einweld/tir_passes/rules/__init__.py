@@ -24,6 +24,18 @@ def is_scheduled(func_or_mod: tirx.PrimFunc | tvm.IRModule) -> bool:
     return attrs is not None and SCHEDULED_ATTR in attrs and bool(int(attrs[SCHEDULED_ATTR]))
 
 
+def same_code(a: tirx.PrimFunc, b: tirx.PrimFunc) -> bool:
+    """Whether two kernels are the same code, whatever their attributes (task extraction and
+    weight marking add some, a name or layout-free parameters, that change neither what a
+    kernel computes nor how)."""
+    from tvm_ffi import structural_equal  # pylint: disable=import-outside-toplevel
+
+    def code(func):
+        return tirx.PrimFunc(func.params, func.body, func.ret_type)
+
+    return structural_equal(code(a), code(b))
+
+
 def mark_scheduled(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` with the scheduled mark."""
     return func.with_attr(SCHEDULED_ATTR, True)
