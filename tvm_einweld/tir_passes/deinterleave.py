@@ -121,7 +121,7 @@ class DeinterleaveStridedLoads:  # pylint: disable=too-few-public-methods
 def register_tir_pipeline() -> None:
     """Register `TIR_PIPELINE` ("einweld") for `tvm.tirx.build(..., pipeline=...)`:
     `lane_predicates.SplitLanePredicates`, TVM's default TIR pipeline, then
-    `DeinterleaveStridedLoads`,
+    `stack_buffers.StackLocalBuffers`, `DeinterleaveStridedLoads`,
     `interleave_stores.InterleaveStridedStores` and `widen_loads.WidenPartialLoads`
     (idempotent)."""
     pipelines = tvm.tirx.compilation_pipeline.PIPELINE_MAP
@@ -133,9 +133,10 @@ def register_tir_pipeline() -> None:
         # pylint: disable=import-outside-toplevel
         from .interleave_stores import InterleaveStridedStores
         from .lane_predicates import SplitLanePredicates
+        from .stack_buffers import StackLocalBuffers
         from .widen_loads import WidenPartialLoads
 
-        return (tvm.transform.Sequential([SplitLanePredicates(), lower,
+        return (tvm.transform.Sequential([SplitLanePredicates(), lower, StackLocalBuffers(),
                                           DeinterleaveStridedLoads(),
                                           InterleaveStridedStores(), WidenPartialLoads()],
                                          name="einweld_tir"), finalize_host, finalize_device)
