@@ -20,6 +20,9 @@ from tvm_einweld.models.graph_builder import GraphBuilder
 
 PLAN = TimingPlan(repeats=3, warmup=1, min_sample_seconds=0.0)
 
+# These tests count a runner's calls (see the `no_retiming` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("no_retiming")
+
 
 # ---- compare_outputs ------------------------------------------------------------------------
 def test_compare_accepts_fp32_rounding_and_rejects_real_errors(rng) -> None:

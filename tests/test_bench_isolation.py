@@ -23,6 +23,9 @@ from tvm_einweld.bench.runners import (ONNXRUNTIME, OPENVINO, OPENVINO_DEFAULT, 
 
 PLAN = TimingPlan(repeats=3, warmup=1, min_sample_seconds=0.0, threads=1)
 
+# These tests count a runner's calls (see the `no_retiming` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("no_retiming")
+
 
 def tiny_model() -> onnx.ModelProto:
     """y = relu(x @ w): one input, one output, microseconds per call."""
@@ -93,16 +96,6 @@ def _hanging(model, trials, work_dir):
 def _calls(work_dir: Path, runner: str) -> list[tuple[int, float]]:
     lines = (work_dir / "tiny_b1" / runner / "calls.log").read_text().split()
     return [(int(p), float(t)) for p, t in zip(lines[::2], lines[1::2])]
-
-
-@pytest.fixture(autouse=True)
-def _no_retiming(monkeypatch):
-    """The tests here count calls: rounds are not timed again when the host has the vCPUs
-    apart (`bench.timing.time_in_fast_phase`, tested on its own in test_bench_timing.py),
-    which made the counts depend on the machine's phase."""
-    from tvm_einweld.bench import harness, timing
-    monkeypatch.setattr(harness, "time_in_fast_phase", lambda once, log=print: (
-        timing.time_in_fast_phase(once, log, slow=lambda *trips: False)))
 
 
 def _bench(tmp_path, runners, plan=PLAN):
