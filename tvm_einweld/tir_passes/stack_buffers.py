@@ -57,7 +57,7 @@ def _constant_bytes(buffer: tirx.Buffer) -> int | None:
 def stack_local_buffers(func: tirx.PrimFunc, limit: int, budget: int = STACK_BUDGET
                         ) -> tirx.PrimFunc:
     """`func` with its "local" allocations of at most `limit` constant bytes annotated to stay
-    on the stack, in program order until `budget` bytes are used (module doc)."""
+    on the stack, innermost first, until `budget` bytes are used (module doc)."""
     remaining = [budget]
 
     def alloc(node, mutator):
