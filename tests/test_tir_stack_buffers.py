@@ -1,8 +1,8 @@
 """Register-sized "local" buffers kept on the stack (tir_passes/stack_buffers.py): which
 allocations are moved (scope, size limit, budget), GEMM register blocks larger than TVM's
-1 KiB stack limit built with the einweld TIR pipeline against numpy (odd shapes,
-fp64, K = 3) on the package's thread pool, their workspace call gone after host lowering, and a planted register-file size
-of zero that the structural assertion catches."""
+1 KiB stack limit built with the einweld TIR pipeline against numpy (odd shapes, fp64,
+K = 3) on the package's thread pool, their workspace call gone after host lowering, and a
+planted register-file size of zero that the structural assertion catches."""
 import numpy as np
 import pytest
 import tvm

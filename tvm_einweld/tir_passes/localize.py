@@ -55,10 +55,13 @@ def allocations(func: tirx.PrimFunc) -> list[tuple[str, tirx.Buffer, int]]:
 
 
 def buffer_bytes(buffer: tirx.Buffer) -> int:
+    """Bytes of `buffer` (a constant shape; elements of vector types, as lowered TIR has them,
+    counted with all their lanes)."""
+    element = tvm.runtime.DataType(str(buffer.dtype))
     count = 1
     for dim in buffer.shape:
         count *= int(dim)
-    return count * tvm.runtime.DataType(str(buffer.dtype)).bits // 8
+    return count * element.bits * element.lanes // 8
 
 
 def retag_intermediates(func: tirx.PrimFunc, scope: str) -> tirx.PrimFunc:

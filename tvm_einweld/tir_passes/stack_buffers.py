@@ -34,12 +34,11 @@ finalisation (`LowerTVMBuiltin`), on functions whose `target` is a CPU.
 """
 from __future__ import annotations
 
-import math
-
 import tvm
 from tvm import tirx
 from tvm_ffi import structural_mutate
 
+from .localize import buffer_bytes
 from .rules.cpu.isa import cpu_target, vector_isa
 
 DISABLE_LOWER_BUILTIN = "disable_lower_builtin"  # TVM's transform::kDisableLowerTVMBuiltin
@@ -47,11 +46,10 @@ STACK_BUDGET = 16 * 1024  # bytes of buffers moved to the stack per function
 
 
 def _constant_bytes(buffer: tirx.Buffer) -> int | None:
-    """Bytes of `buffer` when its shape is constant (elements of vector types included)."""
+    """Bytes of `buffer` when its shape is constant, else None."""
     if not all(isinstance(extent, tirx.IntImm) for extent in buffer.shape):
         return None
-    element = tvm.runtime.DataType(str(buffer.dtype))
-    return math.prod(int(e) for e in buffer.shape) * element.bits * element.lanes // 8
+    return buffer_bytes(buffer)
 
 
 def stack_local_buffers(func: tirx.PrimFunc, limit: int, budget: int = STACK_BUDGET

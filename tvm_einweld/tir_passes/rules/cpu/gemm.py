@@ -336,8 +336,11 @@ def accumulator_scope(elements: int, dtype: str) -> str:
     """The storage scope of a register block's accumulator of `elements` values.
 
     Inside a parallel tile a workspace allocation is a call pair per tile (~13 ns measured:
-    1.75x on a depthwise convolution's 9-FMA tiles); on the stack it is free, and LLVM keeps the
-    unrolled block in registers either way. So: "global" (stack) when it fits, else "local"."""
+    1.75x on a depthwise convolution's 9-FMA tiles), and LLVM must zero and spill a block it
+    cannot see is private; on the stack it is free and the unrolled block stays in registers.
+    So: "global" when it fits TVM's own stack limit (on the stack in any TIR pipeline), else
+    "local", which the einweld TIR pipeline also keeps on the stack up to the size of the
+    register file (`tir_passes.stack_buffers`)."""
     return "global" if elements * np.dtype(dtype).itemsize < MAX_STACK_BYTES else "local"
 
 
