@@ -159,8 +159,9 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     """Minimise blocks x cycles per reduction step over exact (mr | F, yb | H, xb | W) blocks
     that fit the register file, in each orientation; a block that wastes lanes (xb < lanes)
     pays for a whole vector. Ties go to more accumulators. xb is at most one vector or a whole
-    number of vectors: LLVM turns a longer odd-width vector (<56 x float>) into scalar code
-    (measured 10-20x slower). The orientation is then chosen by lane fill, or by the
+    number of vectors, each its own unrolled vector (`schedule_conv`): LLVM turned a row
+    vectorised whole as one odd-width vector (<56 x float>) into scalar code (measured 10-20x
+    slower). The orientation is then chosen by lane fill, or by the
     model where it ranks the channel orientation ahead (see below).
     Cycles per step are `gemm.micro_cycles`, or, where the block's reduction does not fit L1
     (`caches`, with `shape.window` known), the time its weight and input lines take to come
@@ -169,8 +170,8 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     candidates = []
     mrs = [d for d in shape.rows_share_data if d <= isa.registers]
     for xb in _divisors(shape.width):
-        if xb > lanes and (xb % lanes or (xb // lanes) & (xb // lanes - 1)):
-            continue  # several vectors: a power of two of them (7 measured 30x slower)
+        if xb > lanes and xb % lanes:
+            continue  # several vectors: whole ones
         xv = math.ceil(xb / lanes)
         if xv >= isa.registers:
             continue
@@ -579,6 +580,9 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         f_tile, f_reg = sch.split(f, [None, mr])
         sch.reorder(n, f_tile, y_tile, x_tile, *reduction, f_reg, y_reg, x_reg)
         unrolled, lane = (f_reg, y_reg), x_reg
+        if block.xb > block.lanes:  # several vectors per row: each one unrolled
+            x_vec, lane = sch.split(x_reg, [None, block.lanes])
+            unrolled = (f_reg, y_reg, x_vec)
     staging = None
     if flat:
         # Positions as one index of a staging copy of the output: a tile of positions that
@@ -628,7 +632,10 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     for loop in unrolled:
         sch.unroll(loop)
     sch.vectorize(lane)
-    sch.vectorize(sch.get_loops(accumulator)[-1])  # the write-back runs along output rows
+    write_back = sch.get_loops(accumulator)[-1]  # along output rows (or channels in lanes)
+    if block.xb > block.lanes and not block.channels_in_lanes:
+        write_back = sch.split(write_back, [None, block.lanes])[1]
+    sch.vectorize(write_back)
     init = sch.decompose_reduction(conv, reduction[0])
     sch.vectorize(sch.get_loops(init)[-1])
     return sch
