@@ -626,8 +626,10 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     sch.reverse_compute_at(accumulator, tile, preserve_unit_loops=True)
     if staging is None:
         gemm._inline_consumers(sch, accumulator)
+        gemm.schedule_leftover_consumers(sch, accumulator, target)
     else:
         gemm._inline_consumers(sch, staging)
+        gemm.schedule_leftover_consumers(sch, staging, target)
         injective.schedule_spatial_block(sch, staging, injective.cpu_params(target))
     for loop in unrolled:
         sch.unroll(loop)
