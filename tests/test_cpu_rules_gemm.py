@@ -232,6 +232,49 @@ def test_tile_orders_and_split_k(columns_outer, kc):
     check_inside_output(sch, m, n, k)
 
 
+
+def test_panels_per_tile_against_numpy():
+    """Several column panels per parallel tile (each register-block row runs along them
+    before the next), forced through `tiling`, with M and N ragged (padded tiles cropped),
+    N's panels a multiple of the panels per tile, and K whole."""
+    m, n, k = 29, 250, 12
+    func = te_matmul(m, n, k)
+    tiling = gemm.Tiling(gemm.RegisterBlock(14, 2, 16), mc=28, kc=k, panels=4)
+    sch = gemm.schedule_gemm(func, TARGET, tiling)
+    a, b = rand(m, k), rand(k, n)
+    got = run_func(sch.mod["main"], a, b, out_shape=(m, n), dtype="float32")
+    np.testing.assert_allclose(got, a @ b, **tol("float32"))
+    check_inside_output(sch, m, n, k)
+
+
+def test_panels_per_tile_only_where_rows_alias_beyond_the_l1_ways():
+    """A tile spans several column panels only where C's rows are a multiple of 4 KiB apart
+    and a register block has more rows than the L1 has ways (FSRCNN's and NAFNet's 1x1
+    convolutions: 1024 and 16384 positions in 14- and 13-row blocks on 12 ways); then the
+    panels divide N's, leave at least TILES_PER_CORE tiles per core without loading one core
+    more, and fit half of L2 beside the tile's rows of A. Otherwise one panel."""
+    caches = gemm.CacheSizes(l1=48 * 1024, l2=1024 * 1024, l1_ways=12)
+    tall, short = gemm.RegisterBlock(14, 2, 16), gemm.RegisterBlock(8, 3, 16)
+    plan = gemm.choose_tiles(tall, caches, "float32", 1, 56, 1024, 12, cores=2)
+    count = 1024 // tall.nr
+    assert plan.panels > 1 and count % plan.panels == 0
+    assert -(-56 // plan.mc) * count // plan.panels >= gemm.TILES_PER_CORE * 2
+    assert plan.panels * 12 * tall.nr * 4 + plan.mc * 12 * 4 <= caches.l2 // 2
+    # Rows that do not alias (1000 positions), blocks within the ways, or a split K: 1.
+    assert gemm.choose_tiles(tall, caches, "float32", 1, 56, 1000, 12, cores=2).panels == 1
+    assert gemm.choose_tiles(short, caches, "float32", 1, 32, 16384, 32, cores=2).panels == 1
+    assert gemm.choose_tiles(tall, caches, "float32", 1, 56, 1024, 3 * 8192, cores=2
+                             ).panels == 1
+    # Long K: the tile's rows of A and one panel of B fill half of L2 (BERT's FFN).
+    assert gemm.choose_tiles(gemm.RegisterBlock(13, 2, 16), caches, "float32", 1, 128, 3072,
+                             768, cores=2).panels == 1
+    # 342 panels of 8 x 3 blocks on 2 cores, had the block more rows than ways: no tile
+    # count that loads one core with more panels than one panel per tile would.
+    eight_ways = gemm.CacheSizes(l1=32 * 1024, l2=1024 * 1024, l1_ways=4)
+    odd = gemm.choose_tiles(short, eight_ways, "float32", 1, 32, 16384, 32, cores=2)
+    tiles = 342 // odd.panels
+    assert -(-tiles // 2) * odd.panels <= 171, odd
+
 def test_tile_order_follows_traffic():
     """Column panels go outer when B is the operand that would be re-read from beyond L2
     (BERT's 128 x 3072 . 3072 x 768: 9 MiB of weights), row tiles when B fits L2 (NeRF's

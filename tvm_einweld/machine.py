@@ -111,6 +111,7 @@ class CacheLevel:
     size: int  # bytes, the whole cache
     line: int  # coherency line size, bytes
     sharers: int  # CPUs that share it
+    ways: int = 0  # associativity (0: sysfs does not say)
 
     @property
     def per_core(self) -> int:
@@ -139,7 +140,11 @@ def cpu_caches(cpu: int = 0) -> Dict[int, CacheLevel]:
             sharers = len(_parse_cpu_list((entry / "shared_cpu_list").read_text()))
         except (OSError, ValueError):
             sharers = 1
-        caches[level] = CacheLevel(level, int(text.rstrip("KM")) * unit, line, sharers)
+        try:
+            ways = int((entry / "ways_of_associativity").read_text())
+        except (OSError, ValueError):
+            ways = 0
+        caches[level] = CacheLevel(level, int(text.rstrip("KM")) * unit, line, sharers, ways)
     return caches
 
 

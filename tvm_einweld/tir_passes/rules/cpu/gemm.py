@@ -32,7 +32,8 @@ The schedule (BLIS-like, one register block per micro-kernel)
    `local` cache-write buffer that LLVM keeps in vector registers over the k loop. With K
    whole, that buffer is one register block, written back (with the fused epilogue) right
    after its k loop; with K split by `kc`, it is the tile's mc x nr accumulator, written back
-   once after the last K block.
+   once after the last K block. Where C's rows alias in L1 a tile spans several column
+   panels, each row block running along them (`_panels_per_tile`).
 
 Why it is correct: every step is a TensorIR schedule primitive (reindex, transform_layout,
 pad_einsum, split/reorder/fuse, cache_write, compute_inline, reverse_compute_at, parallel,
@@ -91,6 +92,10 @@ DEFAULT_CACHES = {
     128: (32 * 1024, 256 * 1024),
 }
 
+# L1 associativity where the target is not this host (or sysfs does not say): 8 ways, the
+# fewest of the cores above (Skylake, Zen 1-4; 12 on Golden Cove and Zen 5).
+DEFAULT_L1_WAYS = 8
+
 # Cycles to copy one element of A into its zero-padded buffer: a load and a store, mostly
 # from beyond L2 (an estimate, about a vector load and store per lane group plus misses; not
 # measured on its own).
@@ -101,6 +106,10 @@ MIN_KC = 128
 
 # How many parallel tiles per core the tiling aims for (load balance between threads).
 TILES_PER_CORE = 4
+
+# Addresses this many bytes apart share an L1 set: 64 sets of 64-byte lines on every x86 core
+# of the last decade and on Arm's Cortex/Neoverse (32 KiB 8-way, 48 KiB 12-way, 64 KiB 16-way).
+L1_SET_PERIOD = 4096
 
 LAYOUT_REWRITE_ATTR = "meta_schedule.layout_rewrite_preproc"
 
@@ -122,20 +131,24 @@ class RegisterBlock:
 class Tiling:
     """A full GEMM plan: the register block plus the cache blocks `mc` (rows of a parallel
     tile, a multiple of mr) and `kc` (reduction block, K itself when not split);
-    `columns_outer` orders the parallel tiles column panel first (see `_columns_outer`)."""
+    `columns_outer` orders the parallel tiles column panel first (see `_columns_outer`);
+    `panels` column panels make one parallel tile, each register-block row running along all
+    of them before the next row (see `_panels_per_tile`)."""
 
     block: RegisterBlock
     mc: int
     kc: int
     columns_outer: bool = False
+    panels: int = 1
 
 
 @dataclass(frozen=True)
 class CacheSizes:
-    """Per-core data-cache capacities in bytes."""
+    """Per-core data-cache capacities in bytes, and the L1's associativity."""
 
     l1: int
     l2: int
+    l1_ways: int = DEFAULT_L1_WAYS
 
 
 # ------------------------------------------------------------------------------ sizing
@@ -263,7 +276,44 @@ def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: in
     mc = rows * block.mr
     m_tiled = math.ceil(m / mc) * mc
     return Tiling(block, mc, kc, columns_outer=_columns_outer(caches, size, m_tiled, mc, n, k,
-                                                             block.nr))
+                                                             block.nr),
+                  panels=_panels_per_tile(caches, size, batch * (m_tiled // mc), block, mc,
+                                          n, k, kc, cores))
+
+
+def _panels_per_tile(caches: CacheSizes, size: int, row_tiles: int, block: RegisterBlock,
+                     mc: int, n: int, k: int, kc: int, cores: int) -> int:
+    """Column panels per parallel tile (1: a tile is one mc x nr panel, its register blocks
+    written row block after row block). Where the rows of C lie a multiple of `L1_SET_PERIOD`
+    bytes apart (N * itemsize: a 1x1 convolution over 128 x 128 positions, 64 KiB), the mr
+    rows of one register block's write-back all fall in the same L1 sets, and the next block's
+    in the same sets again; more rows than the L1 has ways evict each other. With K whole and
+    short, written back every K steps, that cost a third of the kernel (NAFNet's 64 x 32 .
+    32 x 16384 in 13 x 2 blocks on a Zen 5, 12 ways: 232 us; 166 us with N = 16400).
+    Several panels per tile, each register-block row running along them, write each row in a
+    long contiguous run (173 us). In the einweld modules (one process, old and new
+    alternating): FSRCNN's 1x1 12 -> 56 at 32x32 (14-row blocks, 4 KiB rows) 10.5 -> 5.7 us,
+    NAFNet's 32 -> 64 at 128x128 180 -> 168 us; blocks of no more rows than ways gain nothing
+    (12 rows: 7.4 us either way) or lose (NAFNet's 32 -> 32, 8 rows: 96 -> 102 us), and keep
+    one panel per tile. Each row block then reads the tile's panels of B
+    again, so they must stay in L2 beside the tile's rows of A (half of L2 for both, as in
+    `choose_tiles`): BERT's 128 x 768 . 768 x 3072 keeps one panel. As many panels as that
+    allows while leaving TILES_PER_CORE tiles per core, dividing the panel count (so no tile
+    is partial), and no more panels on the busiest core than one panel per tile would leave
+    it (9 tiles of 38 panels on two cores: 13 % slower than one panel per tile); 1 elsewhere,
+    and where K is split."""
+    if kc < k or (n * size) % L1_SET_PERIOD or block.mr <= caches.l1_ways:
+        return 1
+    nr = block.nr
+    count = math.ceil(n / nr)
+    room = caches.l2 // 2 - mc * k * size
+
+    def busiest(panels: int) -> int:  # panels the busiest core runs
+        return math.ceil(row_tiles * (count // panels) / cores) * panels
+
+    return max((d for d in range(1, count + 1) if count % d == 0
+                and d * k * nr * size <= room and busiest(d) <= busiest(1)
+                and row_tiles * (count // d) >= TILES_PER_CORE * cores), default=1)
 
 
 def _whole_row_tiles(blocks: int, limit: int) -> int:
@@ -302,11 +352,13 @@ def beyond_l2(caches: CacheSizes, once: int, again: int, times: int) -> int:
 def _host_caches() -> CacheSizes:
     """This machine's per-core L1d / L2 from sysfs (the smallest class figures where sysfs has
     none); read, never measured."""
-    from ....machine import cache_sizes as read_sizes  # pylint: disable=import-outside-toplevel
+    from ....machine import cache_sizes as read_sizes, cpu_caches  # pylint: disable=import-outside-toplevel
 
     sizes = read_sizes()
     l1, l2 = DEFAULT_CACHES[128]
-    return CacheSizes(l1=sizes.get("L1", l1), l2=sizes.get("L2", l2))
+    ways = cpu_caches().get(1)
+    return CacheSizes(l1=sizes.get("L1", l1), l2=sizes.get("L2", l2),
+                      l1_ways=ways.ways if ways is not None and ways.ways else DEFAULT_L1_WAYS)
 
 
 def cache_sizes(target: Target) -> CacheSizes:
@@ -825,6 +877,9 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     s, i, j, k = sch.get_loops(main)
     i_tile, i_block, i_reg = sch.split(i, [None, tiling.mc // mr, mr])
     j_tile, j_vec, j_lane = sch.split(j, [None, nr // lanes, lanes])
+    j_panel = None
+    if tiling.panels > 1 and tiling.kc >= shape.k:
+        j_tile, j_panel = sch.split(j_tile, [None, tiling.panels])
     outer = (j_tile, i_tile) if tiling.columns_outer else (i_tile, j_tile)
     if tiling.kc < shape.k:
         # K blocked: the tile's accumulator (mc x nr) outlives each K block.
@@ -834,9 +889,11 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     else:
         # Whole K per register block: the accumulator is just the mr x nr registers, zeroed,
         # filled and written back (with the epilogue) by one micro-kernel.
+        # With several panels per tile, each row block runs along them (`_panels_per_tile`).
         k_outer, k_inner = sch.add_unit_loop(k), k
-        sch.reorder(s, *outer, i_block, k_outer, k_inner, i_reg, j_vec, j_lane)
-        accumulator_at, accumulator_rows = i_block, mr
+        panel = [j_panel] if j_panel is not None else []
+        sch.reorder(s, *outer, i_block, *panel, k_outer, k_inner, i_reg, j_vec, j_lane)
+        accumulator_at, accumulator_rows = (panel or [i_block])[0], mr
     accumulator = sch.cache_write(main, 0, accumulator_scope(accumulator_rows * nr,
                                                              shape.dtype))
     sch.reverse_compute_at(accumulator, accumulator_at, preserve_unit_loops=True)
