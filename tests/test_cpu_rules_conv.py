@@ -459,23 +459,31 @@ def test_rows_of_several_vectors_are_unrolled_vector_by_vector(monkeypatch, case
 # the phase's 2x2 convolution, then the other three phases (parameters) stacked, reshaped and
 # interleaved with it into the output, every other row and column.
 @T.prim_func(s_tir=True)
-def _phase_and_interleave(x: T.Buffer((T.int64(1), T.int64(4), T.int64(7), T.int64(9)), "float32"), w: T.Buffer((T.int64(5), T.int64(4), T.int64(2), T.int64(2)), "float32"),
-         p0: T.Buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(8)), "float32"), p1: T.Buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(8)), "float32"),
-         p2: T.Buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(8)), "float32"), out: T.Buffer((T.int64(1), T.int64(5), T.int64(12), T.int64(16)), "float32")):
+def _phase_and_interleave(
+        x: T.Buffer((T.int64(1), T.int64(4), T.int64(7), T.int64(9)), "float32"),
+        w: T.Buffer((T.int64(5), T.int64(4), T.int64(2), T.int64(2)), "float32"),
+        p0: T.Buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(8)), "float32"),
+        p1: T.Buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(8)), "float32"),
+        p2: T.Buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(8)), "float32"),
+        out: T.Buffer((T.int64(1), T.int64(5), T.int64(12), T.int64(16)), "float32"),
+):
     T.func_attr({"tirx.noalias": True})
     conv_out = T.sblock_alloc_buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(8)))
     stack = T.sblock_alloc_buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(8), T.int64(2)))
     rows = T.sblock_alloc_buffer((T.int64(1), T.int64(5), T.int64(6), T.int64(16)))
-    for n, f, y, xx, c, ky, kx in T.grid(T.int64(1), T.int64(5), T.int64(6), T.int64(8), T.int64(4), T.int64(2), T.int64(2)):
+    for n, f, y, xx, c, ky, kx in T.grid(T.int64(1), T.int64(5), T.int64(6), T.int64(8),
+                                         T.int64(4), T.int64(2), T.int64(2)):
         with T.sblock("conv2d_nchw"):
             vn, vf, vy, vx, vc, vky, vkx = T.axis.remap("SSSSRRR", [n, f, y, xx, c, ky, kx])
             with T.init():
                 conv_out[vn, vf, vy, vx] = T.float32(0)
-            conv_out[vn, vf, vy, vx] = conv_out[vn, vf, vy, vx] + x[vn, vc, vy + vky, vx + vkx] * w[vf, vc, vky, vkx]
+            conv_out[vn, vf, vy, vx] = conv_out[vn, vf, vy, vx] + \
+                x[vn, vc, vy + vky, vx + vkx] * w[vf, vc, vky, vkx]
     for n, f, y, xx, p in T.grid(T.int64(1), T.int64(5), T.int64(6), T.int64(8), T.int64(2)):
         with T.sblock("T_stack"):
             vn, vf, vy, vx, vp = T.axis.remap("SSSSS", [n, f, y, xx, p])
-            stack[vn, vf, vy, vx, vp] = T.if_then_else(vp == T.int64(1), p1[vn, vf, vy, vx], p0[vn, vf, vy, vx])
+            stack[vn, vf, vy, vx, vp] = T.if_then_else(vp == T.int64(1), p1[vn, vf, vy, vx],
+                                                       p0[vn, vf, vy, vx])
     for n, f, y, xx in T.grid(T.int64(1), T.int64(5), T.int64(6), T.int64(16)):
         with T.sblock("T_reshape"):
             vn, vf, vy, vx = T.axis.remap("SSSS", [n, f, y, xx])
@@ -483,7 +491,12 @@ def _phase_and_interleave(x: T.Buffer((T.int64(1), T.int64(4), T.int64(7), T.int
     for n, f, y, xx in T.grid(T.int64(1), T.int64(5), T.int64(12), T.int64(16)):
         with T.sblock("T_reshape2"):
             vn, vf, vy, vx = T.axis.remap("SSSS", [n, f, y, xx])
-            out[vn, vf, vy, vx] = T.if_then_else(vy % T.int64(2) == T.int64(1), T.if_then_else(vx % T.int64(2) == T.int64(1), conv_out[vn, vf, vy // T.int64(2), vx // T.int64(2)], p2[vn, vf, vy // T.int64(2), vx // T.int64(2)]), rows[vn, vf, vy // T.int64(2), vx])
+            out[vn, vf, vy, vx] = T.if_then_else(
+                vy % T.int64(2) == T.int64(1),
+                T.if_then_else(vx % T.int64(2) == T.int64(1),
+                               conv_out[vn, vf, vy // T.int64(2), vx // T.int64(2)],
+                               p2[vn, vf, vy // T.int64(2), vx // T.int64(2)]),
+                rows[vn, vf, vy // T.int64(2), vx])
 
 
 def test_a_tile_kernel_puts_the_phases_together_in_one_vectorised_pass():

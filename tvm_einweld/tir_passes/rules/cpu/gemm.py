@@ -688,10 +688,12 @@ def _inline_side_producers(sch: s_tir.Schedule, consumer: s_tir.schedule.SBlockR
                            block: s_tir.schedule.SBlockRV) -> None:
     """Inline into `consumer` each of its spatial producers (and theirs) that is neither
     `block` nor fed by it; a producer that refuses stays materialised (still correct)."""
-    fed = {sch.get(b) for b in [block, *_all_consumers(sch, block)]}
     for producer in sch.get_producers(consumer):
-        stmt = sch.get(producer)
-        if stmt in fed or not _is_spatial(stmt):
+        # By sref, taken again after every inlining: the blocks' nodes are replaced as the
+        # function changes, their srefs are not.
+        fed = [sch.get_sref(b) for b in [block, *_all_consumers(sch, block)]]
+        if any(sch.get_sref(producer).same_as(other) for other in fed) or \
+                not _is_spatial(sch.get(producer)):
             continue
         _inline_producers(sch, producer)
         try:
