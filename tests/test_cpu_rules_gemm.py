@@ -223,25 +223,20 @@ def test_tile_orders_and_split_k(columns_outer, kc):
     """Both orders of the parallel tiles, with K whole and K blocked (whose mc x nr
     accumulator must sit inside the inner of the two tile loops), forced through `tiling`;
     M and N ragged so the padded tiles are cropped too."""
-    m, n, k = 37, 61, 96
-    func = te_matmul(m, n, k)
-    tiling = gemm.Tiling(gemm.RegisterBlock(4, 2, 16), mc=20, kc=kc, columns_outer=columns_outer)
-    sch = gemm.schedule_gemm(func, TARGET, tiling)
-    a, b = rand(m, k), rand(k, n)
-    got = run_func(sch.mod["main"], a, b, out_shape=(m, n), dtype="float32")
-    np.testing.assert_allclose(got, a @ b, **tol("float32"))
-    check_inside_output(sch, m, n, k)
-
+    _forced_tiling_matches_numpy(37, 61, 96, gemm.Tiling(
+        gemm.RegisterBlock(4, 2, 16), mc=20, kc=kc, columns_outer=columns_outer))
 
 
 def test_panels_per_tile_against_numpy():
     """Several column panels per parallel tile (each register-block row runs along them
     before the next), forced through `tiling`, with M and N ragged (padded tiles cropped),
     N's panels a multiple of the panels per tile, and K whole."""
-    m, n, k = 29, 250, 12
-    func = te_matmul(m, n, k)
-    tiling = gemm.Tiling(gemm.RegisterBlock(14, 2, 16), mc=28, kc=k, panels=4)
-    sch = gemm.schedule_gemm(func, TARGET, tiling)
+    _forced_tiling_matches_numpy(29, 250, 12, gemm.Tiling(gemm.RegisterBlock(14, 2, 16),
+                                                          mc=28, kc=12, panels=4))
+
+
+def _forced_tiling_matches_numpy(m: int, n: int, k: int, tiling: gemm.Tiling) -> None:
+    sch = gemm.schedule_gemm(te_matmul(m, n, k), TARGET, tiling)
     a, b = rand(m, k), rand(k, n)
     got = run_func(sch.mod["main"], a, b, out_shape=(m, n), dtype="float32")
     np.testing.assert_allclose(got, a @ b, **tol("float32"))
