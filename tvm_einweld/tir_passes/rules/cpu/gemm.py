@@ -352,13 +352,14 @@ def beyond_l2(caches: CacheSizes, once: int, again: int, times: int) -> int:
 def _host_caches() -> CacheSizes:
     """This machine's per-core L1d / L2 from sysfs (the smallest class figures where sysfs has
     none); read, never measured."""
-    from ....machine import cache_sizes as read_sizes, cpu_caches  # pylint: disable=import-outside-toplevel
+    from ....machine import cpu_caches  # pylint: disable=import-outside-toplevel
 
-    sizes = read_sizes()
+    caches = cpu_caches()  # one read of sysfs
     l1, l2 = DEFAULT_CACHES[128]
-    ways = cpu_caches().get(1)
-    return CacheSizes(l1=sizes.get("L1", l1), l2=sizes.get("L2", l2),
-                      l1_ways=ways.ways if ways is not None and ways.ways else DEFAULT_L1_WAYS)
+    ways = caches[1].ways if 1 in caches else 0
+    return CacheSizes(l1=caches[1].size if 1 in caches else l1,
+                      l2=caches[2].size if 2 in caches else l2,
+                      l1_ways=ways or DEFAULT_L1_WAYS)
 
 
 def cache_sizes(target: Target) -> CacheSizes:
@@ -688,10 +689,10 @@ def _inline_side_producers(sch: s_tir.Schedule, consumer: s_tir.schedule.SBlockR
                            block: s_tir.schedule.SBlockRV) -> None:
     """Inline into `consumer` each of its spatial producers (and theirs) that is neither
     `block` nor fed by it; a producer that refuses stays materialised (still correct)."""
+    # By sref: inlining a block replaces the other blocks' nodes as the function changes,
+    # not their srefs.
+    fed = [sch.get_sref(b) for b in [block, *_all_consumers(sch, block)]]
     for producer in sch.get_producers(consumer):
-        # By sref, taken again after every inlining: the blocks' nodes are replaced as the
-        # function changes, their srefs are not.
-        fed = [sch.get_sref(b) for b in [block, *_all_consumers(sch, block)]]
         if any(sch.get_sref(producer).same_as(other) for other in fed) or \
                 not _is_spatial(sch.get(producer)):
             continue
@@ -895,7 +896,8 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
         k_outer, k_inner = sch.add_unit_loop(k), k
         panel = [j_panel] if j_panel is not None else []
         sch.reorder(s, *outer, i_block, *panel, k_outer, k_inner, i_reg, j_vec, j_lane)
-        accumulator_at, accumulator_rows = (panel or [i_block])[0], mr
+        accumulator_at = j_panel if j_panel is not None else i_block
+        accumulator_rows = mr
     accumulator = sch.cache_write(main, 0, accumulator_scope(accumulator_rows * nr,
                                                              shape.dtype))
     sch.reverse_compute_at(accumulator, accumulator_at, preserve_unit_loops=True)
