@@ -1,5 +1,6 @@
 """AL-Ansor's experiment on MetaSchedule: NL-only, LR-only, LC-only and adaptive layout tuning
-of ResNet-50 conv blocks (pad + conv2d + bias + ReLU) at the same trial count per task.
+(three rules: the paper's 5:5:6, a UCB bandit, our leader rule) of ResNet-50 conv blocks
+(pad + conv2d + bias + ReLU) at the same trial count per task, for the host's full target.
 
     python benchmarks/layout_tuning.py            # full: 512 trials per task (many hours here)
     python benchmarks/layout_tuning.py --quick    # 9 trials per task, small search
@@ -9,12 +10,16 @@ of ResNet-50 conv blocks (pad + conv2d + bias + ReLU) at the same trial count pe
 A run that stops part-way (a session's time, a machine's) keeps every finished task in
 OUTPUT.json (the numbers the report is made of) beside OUTPUT; `--resume` with the same
 settings skips those tasks and tunes the rest, so the 512-trial run can be done a few tasks
-at a time. A task cut off mid-way is tuned again from its start.
+at a time. A task cut off mid-way continues from its variants' databases when the same
+`--work-dir` is given (each variant's finished trials are counted and its cost model
+retrained on them; the rounds before the cut are missing from the report's strategy lists,
+and a bandit or leader rule resumed mid-run starts its history afresh), else from its start.
 
 Each variant tunes every task with its own database. The best deployable program of each
-variant (NL: A, LR: L+P with the transform in the kernel, LC / adaptive: P with weights
-transformed at compile time) is then re-measured side by side, alternating between variants,
-and the median is reported. Gains are t_single / t_adaptive - 1 (positive: adaptive faster).
+variant (NL: A, LR: L+P with the transform in the kernel, LC and the adaptive rules: P with
+weights transformed at compile time) is then re-measured side by side, alternating between
+variants, and the median is reported. Gains are t_single / t_rule - 1 (positive: the adaptive
+rule is faster).
 """
 from __future__ import annotations
 
@@ -32,9 +37,11 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_einweld.auto_scheduler_ext import comparison
 from tvm_einweld.auto_scheduler_ext.workloads import RESNET50_BLOCKS, Conv2dBlock
+from tvm_einweld.tir_passes.device import host_target
 
 QUICK = dict(trials=9, per_round=3, population=64, early_stopping_rounds=10, tasks=4)
-FULL = dict(trials=512, per_round=16, population=512, early_stopping_rounds=50, tasks=4)
+# 16 rounds of 32 at 512 trials: the paper's 5:5:6 shares in whole rounds.
+FULL = dict(trials=512, per_round=32, population=512, early_stopping_rounds=50, tasks=4)
 
 
 def parse_args(argv):
@@ -44,7 +51,9 @@ def parse_args(argv):
     p.add_argument("--per-round", type=int, help="candidates per round")
     p.add_argument("--population", type=int, help="evolutionary search population")
     p.add_argument("--tasks", type=int, help="how many of the ResNet-50 blocks (in table order)")
-    p.add_argument("--bandit", action="store_true", help="also run the adaptive bandit selector")
+    p.add_argument("--variants", default=",".join(v.label for v in comparison.ALL_RULES),
+                   help="comma-separated variants to run (default: all: the three single "
+                        "strategies and the adaptive rules %(default)s)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", help="keep the tuning databases here (default: temp dir)")
     p.add_argument("-o", "--output", help="also write the Markdown report to this file (and the "
@@ -52,6 +61,12 @@ def parse_args(argv):
     p.add_argument("--resume", action="store_true",
                    help="keep the tasks OUTPUT.json holds for the same settings and tune the rest")
     return p.parse_args(argv)
+
+
+# What each adaptive variant's selector is (`tvm_einweld.auto_scheduler_ext.selectors`).
+RULES = {"adaptive": "the paper's NL -> LR -> LC, round shares 5:5:6",
+         "bandit": "UCB1 over the three strategies, rewarded by measured P",
+         "leader": "NL, LR, LC once, then the strategy that found the best P, last third LC"}
 
 
 def summary(results) -> list[dict]:
@@ -76,41 +91,49 @@ def msec(x):
 def report(rows, labels, settings, command, wall):
     """rows: (task name, `summary` of its variants) per task."""
     singles = [l for l in labels if l in ("NL", "LR", "LC")]
+    adaptive = [l for l in labels if l not in singles]
     lines = [
         "# Adaptive layout-strategy tuning (AL-Ansor on MetaSchedule): ResNet-50 conv blocks",
         "",
         f"- command: `{command}`",
         f"- machine: {comparison.machine_description()}; load average at the end: "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        f"- target: `{settings.get('target', 'llvm')}`",
         f"- trials per task and variant: {settings['trials']} ({settings['per_round']} per round, "
         f"population {settings['population']}); total wall time {wall / 60:.1f} min",
         "- times: best deployable program of each variant, re-measured side by side (7 alternating "
-        "rounds, median), in ms; NL = A, LR = L+P (transform in the kernel), LC and adaptive = P "
-        "(weights transformed at compile time)",
+        "rounds, median), in ms; NL = A, LR = L+P (transform in the kernel), the others P "
+        "(weights transformed at compile time); adaptive rules: "
+        + ", ".join(f"{l} ({RULES.get(l, l)})" for l in adaptive),
         "",
-        "| task | " + " | ".join(f"{l} ms" for l in labels) + " | ranking | "
-        + " | ".join(f"adaptive vs {s}" for s in singles) + " | adaptive vs best single |",
-        "|---|" + "---|" * (len(labels) + 1 + len(singles) + 1),
+        "| task | " + " | ".join(f"{l} ms" for l in labels) + " | ranking |",
+        "|---|" + "---|" * (len(labels) + 1),
     ]
-    gains = {s: [] for s in singles + ["best"]}
+    # gains[rule][single or "best"]: t_single / t_rule - 1 per task
+    gains = {a: {s: [] for s in singles + ["best"]} for a in adaptive}
     for name, results in rows:
         t = {r["label"]: r["secs"] for r in results}
         ranked = sorted((x for x in labels if t.get(x) is not None), key=lambda x: t[x])
         best_single = min((t[s] for s in singles if t.get(s) is not None), default=None)
-        g = {s: gain(t.get(s), t.get("adaptive")) for s in singles}
-        g["best"] = gain(best_single, t.get("adaptive"))
-        for k, v in g.items():
-            if v is not None:
-                gains[k].append(v)
-        lines.append(
-            f"| {name} | " + " | ".join(msec(t.get(l)) for l in labels)
-            + f" | {' < '.join(ranked)} | " + " | ".join(pct(g[s]) for s in singles) + f" | {pct(g['best'])} |"
-        )
-    lines.append(
-        "| **mean** | " + " | ".join("" for _ in labels) + " | | "
-        + " | ".join(pct(statistics.mean(gains[s]) if gains[s] else None) for s in singles)
-        + f" | {pct(statistics.mean(gains['best']) if gains['best'] else None)} |"
-    )
+        for a in adaptive:
+            for s, ref in [(s, t.get(s)) for s in singles] + [("best", best_single)]:
+                g = gain(ref, t.get(a))
+                if g is not None:
+                    gains[a][s].append(g)
+        lines.append(f"| {name} | " + " | ".join(msec(t.get(l)) for l in labels)
+                     + f" | {' < '.join(ranked)} |")
+    lines += ["", "Gain of each adaptive rule (t_single / t_rule - 1; positive: the rule is "
+              "faster), mean over the tasks, and the tasks where it is at least as fast as the "
+              "best single strategy:", "",
+              "| rule | " + " | ".join(f"vs {s}" for s in singles)
+              + " | vs best single | tasks >= best single |",
+              "|---|" + "---|" * (len(singles) + 2)]
+    for a in adaptive:
+        best = gains[a]["best"]
+        lines.append(f"| {a} | " + " | ".join(
+            pct(statistics.mean(gains[a][s]) if gains[a][s] else None) for s in singles)
+            + f" | {pct(statistics.mean(best) if best else None)} | "
+            f"{sum(g >= 0 for g in best)} of {len(best)} |")
     lines += ["", "Tuning wall time per task (s) and measurements (programs built and run):", "",
               "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for name, results in rows:
@@ -133,9 +156,14 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("tvm_einweld.auto_scheduler_ext").setLevel(logging.INFO)
     logging.getLogger("tvm_einweld.auto_scheduler_ext.search").setLevel(logging.WARNING)
-    target = tvm.target.Target({"kind": "llvm", "num-cores": ms.utils.cpu_count(logical=False)})
-    variants = comparison.WITH_BANDIT if args.bandit else comparison.SINGLE_AND_ADAPTIVE
+    target = host_target()  # -mcpu and the physical cores, as the pipeline compiles for
+    by_label = {v.label: v for v in comparison.ALL_RULES}
+    unknown = [l for l in args.variants.split(",") if l not in by_label]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(by_label)}")
+    variants = [by_label[l] for l in args.variants.split(",")]
     labels = [v.label for v in variants]
+    settings["target"] = str(target)
     search = ms.search_strategy.EvolutionarySearch(population_size=settings["population"])
     work_root = args.work_dir or tempfile.mkdtemp(prefix="einweld-layout-bench-")
     blocks: list[Conv2dBlock] = list(RESNET50_BLOCKS[: settings["tasks"]])

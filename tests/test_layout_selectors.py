@@ -4,8 +4,10 @@ import pytest
 from tvm_einweld.auto_scheduler_ext.selectors import (
     BanditSelector,
     FixedStrategy,
+    LeaderRule,
     PredefinedRule,
     RoundOutcome,
+    leader,
     make_selector,
     round_reward,
 )
@@ -70,3 +72,36 @@ def test_round_reward():
     assert round_reward(outcome(0, NL, 2.0, 2.0), None) == 1.0
     assert round_reward(outcome(0, NL, 0.5, 0.5), 1.0) == 1.0
     assert round_reward(outcome(0, NL, 4.0, 1.0), 1.0) == 0.25
+
+
+def test_leader_rule_warms_up_follows_the_leader_and_ends_on_lc():
+    rule = LeaderRule()
+    history = []
+    picks = []
+    # The round's best P per strategy: LR's rounds find the new bests in the middle.
+    round_best = {NL: 3.0, LR: 1.0, LC: 2.0}
+    best = None
+    for r in range(16):
+        strategy = rule.select(r, 16, None, history)
+        picks.append(strategy)
+        found = round_best[strategy] - 0.01 * r
+        best = found if best is None else min(best, found)
+        history.append(outcome(r, strategy, found, best))
+    assert picks[:3] == [NL, LR, LC]
+    assert all(p is LR for p in picks[3:11])  # LR found every best since round 1
+    assert all(p is LC for p in picks[11:])  # the last third
+    assert make_selector("adaptive", "leader") == LeaderRule()
+
+
+def test_leader_rule_reads_the_leader_from_history_alone():
+    rule = LeaderRule()
+    history = [outcome(0, NL, 2.0, 2.0), outcome(1, LR, None, 2.0), outcome(2, LC, 2.5, 2.0),
+               outcome(3, NL, 1.5, 1.5), outcome(4, LC, 1.6, 1.5)]
+    assert leader(history) is NL
+    assert rule.select(5, 16, None, history) is NL
+    # A resumed run has no history: LC until a round has measured something.
+    assert leader([]) is None and rule.select(5, 16, None, []) is LC
+    # Short runs: the tail still ends on LC.
+    assert [rule.select(r, 3, None, []) for r in range(3)] == [NL, LR, LC]
+    with pytest.raises(ValueError):
+        LeaderRule(tail=1.5)

@@ -18,6 +18,7 @@ _EXPORTS = {
     "strategy_of": "strategies",
     "PredefinedRule": "selectors",
     "BanditSelector": "selectors",
+    "LeaderRule": "selectors",
     "FixedStrategy": "selectors",
     "RoundOutcome": "selectors",
     "make_selector": "selectors",

@@ -40,7 +40,9 @@ SINGLE_AND_ADAPTIVE = (
     Variant("LC", "LC"),
     Variant("adaptive", "adaptive", "predefined"),
 )
-WITH_BANDIT = SINGLE_AND_ADAPTIVE + (Variant("bandit", "adaptive", "bandit"),)
+# Every single strategy and every adaptive rule (`selectors`): #15's comparison.
+ALL_RULES = SINGLE_AND_ADAPTIVE + (Variant("bandit", "adaptive", "bandit"),
+                                   Variant("leader", "adaptive", "leader"))
 
 
 @dataclass(frozen=True)
