@@ -97,7 +97,7 @@ def test_a_tuned_program_is_used_only_when_faster():
 
 
 @pytest.mark.slow
-def test_tuned_kernels_equal_the_stock_build(tmp_path, rng):
+def test_tuned_kernels_equal_the_stock_build(tmp_path, rng, monkeypatch):
     """A real (short) tuning of a small conv + matmul module: every kernel a task, the
     assembled module (tuned kernels where they won, analytic elsewhere, weights packed at
     compile time) computes what the stock build computes."""
@@ -109,9 +109,24 @@ def test_tuned_kernels_equal_the_stock_build(tmp_path, rng):
     mod = builtin_model(channels=8, size=10)
     with target:
         base = prepare()(mod)
+    calls = []  # (task, rounds the selector was given, horizon, rounds after)
+    real_tune_task = kernel_tuning.tune_task
+
+    def spy(*args, **kwargs):
+        result = real_tune_task(*args, **kwargs)
+        calls.append((kwargs["task_name"], len(kwargs["history"]), kwargs["planned_rounds"],
+                      len(result.rounds)))
+        return result
+
+    monkeypatch.setattr(kernel_tuning, "tune_task", spy)
     tuned, report = kernel_tuning.tune_kernels(base, target, str(tmp_path), 32,
                                                num_trials_per_iter=8)
     assert report.trials <= 32 and len(report.choices) >= 3
+    # Every round of a task is one call, given the task's earlier rounds and one horizon.
+    horizon = -(-32 // (len(report.choices) * 8))
+    for i, (name, given, planned, after) in enumerate(calls):
+        earlier = [c for c in calls[:i] if c[0] == name]
+        assert planned == horizon and given == len(earlier) and after == given + 1
     x = rng.uniform(-1, 1, (1, 8, 10, 10)).astype("float32")
     got = run_vm(tvm.compile(tuned, target), x)
     np.testing.assert_allclose(got, run_vm(mod, x), rtol=1e-4, atol=1e-4)

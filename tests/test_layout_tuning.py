@@ -1,4 +1,6 @@
 """The adaptive tuning loop: rule-following rounds, surviving failures, resuming, Relax apply."""
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -10,10 +12,10 @@ from tvm.s_tir.meta_schedule.builder import PyBuilder
 from tvm.s_tir.meta_schedule.runner import PyRunner
 
 from conftest import compile_vm
-from tvm_einweld.auto_scheduler_ext import entry_points, tune_tir
+from tvm_einweld.auto_scheduler_ext import comparison, entry_points, tune_tir
 from tvm_einweld.auto_scheduler_ext.build_fn import build_cpu_kernel
 from tvm_einweld.auto_scheduler_ext.strategies import Strategy, strategy_of, tagged_workload
-from tvm_einweld.auto_scheduler_ext.task_loop import default_builder
+from tvm_einweld.auto_scheduler_ext.task_loop import default_builder, tune_task
 from tvm_einweld.auto_scheduler_ext.workloads import Conv2dBlock
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
@@ -200,3 +202,54 @@ def test_wrong_programs_never_become_the_best(tmp_path, monkeypatch):
     assert done[0].best_secs is None and done[0].rounds[0].failures == 0
     assert db.get_top_k(db.commit_workload(BLOCK.module()), 1) == []  # nothing deployable
     assert len(records(db, tagged_workload(BLOCK.module(), "rejected"))) == 2
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordingSelector:
+    """NL, LR, LC in turn by round index; notes what each call saw."""
+
+    seen: list
+    name: str = "recording"
+
+    def select(self, round_index, total_rounds, cost_model, history):
+        self.seen.append((round_index, total_rounds, [o.strategy for o in history]))
+        return (Strategy.NL, Strategy.LR, Strategy.LC)[round_index % 3]
+
+
+def test_a_task_tuned_round_by_round_shows_the_selector_all_its_rounds(tmp_path):
+    """The pipeline's budget scheduler tunes a task one round per call: the selector must see
+    the task's earlier rounds and the planned horizon, not a fresh one-round run."""
+    seen = []
+    selector = RecordingSelector(seen)
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    first = tune_task(BLOCK.module(), TARGET, db, max_trials=2, num_trials_per_iter=2,
+                      selector=selector, planned_rounds=5, **FAST)
+    second = tune_task(BLOCK.module(), TARGET, db, max_trials=4, num_trials_per_iter=2,
+                       selector=selector, history=first.rounds, planned_rounds=5, **FAST)
+    assert seen == [(0, 5, []), (1, 5, [Strategy.NL])]
+    assert [o.strategy for o in second.rounds] == [Strategy.NL, Strategy.LR]
+    # A history the database does not hold (cleared since) is not counted.
+    (tmp_path / "fresh").mkdir()
+    fresh = ms.database.JSONDatabase(work_dir=str(tmp_path / "fresh"))
+    seen.clear()
+    tune_task(BLOCK.module(), TARGET, fresh, max_trials=2, num_trials_per_iter=2,
+              selector=selector, history=second.rounds, **FAST)
+    assert seen == [(0, 1, [])]
+
+
+def test_a_cut_comparison_resumes_with_its_rounds(tmp_path):
+    """tune_variants keeps each variant's rounds beside its database: a run stopped after
+    its first round resumes at round 1 with round 0 in the selector's history."""
+    seen = []
+    variant = comparison.Variant("rec", "adaptive", RecordingSelector(seen))
+
+    def stop(name, outcome):
+        raise Interrupt()
+
+    with pytest.raises(Interrupt):
+        comparison.tune_variants(BLOCK.module(), TARGET, str(tmp_path), 4, [variant],
+                                 on_round=stop, num_trials_per_iter=2, **FAST)
+    results = comparison.tune_variants(BLOCK.module(), TARGET, str(tmp_path), 4, [variant],
+                                       num_trials_per_iter=2, **FAST)
+    assert seen == [(0, 2, []), (1, 2, [Strategy.NL])]
+    assert [o.round_index for o in results[0].tuning.rounds] == [0, 1]

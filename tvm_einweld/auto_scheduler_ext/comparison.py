@@ -6,6 +6,7 @@ only the final re-measurement, where each round times every variant once, in tur
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -20,7 +21,7 @@ from tvm.target import Target
 
 from ..machine import cpu_model
 from .build_fn import build_cpu_kernel
-from .selectors import make_selector
+from .selectors import RoundOutcome, make_selector
 from .strategies import args_info
 from .task_loop import RoundCallback, TaskTuningResult, tune_task
 
@@ -73,11 +74,23 @@ def tune_variants(
     **options,
 ) -> list:
     """Tune ``mod`` once per variant, each with its own database under ``work_root``.
-    ``options`` go to ``tune_task`` (num_trials_per_iter, builder, runner, search, seed...)."""
+    ``options`` go to ``tune_task`` (num_trials_per_iter, builder, runner, search, seed...).
+    Each variant's rounds are kept beside its database (`ROUNDS_FILE`), so that a run cut
+    short resumes with its selector's history as well as its records."""
     out = []
     for variant in variants:
         work_dir = os.path.join(work_root, f"{task_name}-{variant.label}")
         os.makedirs(work_dir, exist_ok=True)
+        rounds_path = os.path.join(work_dir, ROUNDS_FILE)
+        history = _load_rounds(rounds_path)
+
+        def keep(name: str, outcome: RoundOutcome, path=rounds_path, kept=list(history)) -> None:
+            kept.append(outcome)
+            with open(path, "w") as f:
+                json.dump([o.to_json() for o in kept], f)
+            if on_round is not None:
+                on_round(name, outcome)
+
         result = tune_task(
             mod,
             target,
@@ -85,11 +98,22 @@ def tune_variants(
             max_trials=trials,
             selector=make_selector(variant.layout_strategy, variant.selector),
             task_name=f"{task_name}[{variant.label}]",
-            on_round=on_round,
+            on_round=keep,
+            history=history,
             **options,
         )
         out.append(VariantResult(variant, result, best_program(mod, result)))
     return out
+
+
+ROUNDS_FILE = "rounds.json"
+
+
+def _load_rounds(path: str) -> list:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [RoundOutcome.from_json(o) for o in json.load(f)]
 
 
 def remeasure(

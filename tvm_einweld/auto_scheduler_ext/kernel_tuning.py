@@ -25,7 +25,11 @@ group's merged function before tiling (`FusionReport.unscheduled`).
    tried largest share first, before a round goes to a task whose expected saving is less).
    A task that stops improving loses its rounds to the others, and a task too small to matter
    gets none; MetaSchedule's gradient task scheduler makes the same trade with a
-   backward-window gradient.
+   backward-window gradient. Each round of a task is one `tune_task` call; the task's
+   earlier rounds and a horizon (its even share of the budget, in rounds) go with it, so the
+   layout-strategy selector (5:5:6, bandit, leader) follows its rule over the task's rounds
+   (without them every call looked like a task's last round: the 5:5:6 rule ran LR once and
+   then LC only, the bandit NL only).
 4. Choice: per task, the database's best tuned program and the analytic kernel are timed
    again, in alternating rounds (`measure.compare_modules`), and the tuned one is used only
    when faster by `MIN_KERNEL_GAIN` in nearly every round (6 of 7, more rounds when the
@@ -56,6 +60,7 @@ with symbolic shapes; both keep what the 0-trial pipeline gives them, and the re
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -101,6 +106,7 @@ class TaskState:
     best: float = 0.0
     gain: float = PRIOR_GAIN
     exhausted: bool = False
+    history: tuple = ()  # its RoundOutcomes so far: what the layout-strategy selector sees
 
     def __post_init__(self) -> None:
         self.best = self.best or self.analytic_secs
@@ -283,17 +289,24 @@ def tune_variants(bases: Sequence[tvm.IRModule], target: Target, work_dir: str, 
     builder = builder or default_builder()
     runner = runner or ms.runner.LocalRunner()
 
+    # The selector's horizon: each task is tuned a round at a time, as the scheduler picks
+    # it, so its rounds in all are not known in advance; its even share of the budget stands
+    # for them (rounds beyond it count as the rule's last phase).
+    horizon = max(1, math.ceil(trials / max(1, len(states)) / num_trials_per_iter))
+
     def tune(state: TaskState, upto: int) -> Tuple[int, Optional[float]]:
         try:
             result = tune_task(state.mod, target, database, max_trials=upto,
                                num_trials_per_iter=min(num_trials_per_iter, upto - state.trials),
                                selector=chosen, builder=builder, runner=runner,
                                early_stopping_rounds=early_stopping_rounds,
-                               task_name=state.name, seed=seed)
+                               task_name=state.name, seed=seed, history=state.history,
+                               planned_rounds=horizon)
         except Exception as err:  # pylint: disable=broad-except  # e.g. no design space
             logger.warning("%s: MetaSchedule could not tune it (%s); it keeps its kernel",
                            state.name, err)
             return state.trials, None  # nothing spent: the scheduler sets it aside
+        state.history = result.rounds
         return result.trials, result.best_secs
 
     BudgetScheduler(states, trials, num_trials_per_iter).run(tune)

@@ -25,6 +25,15 @@ class RoundOutcome:
     best_so_far_secs: Optional[float]  # fastest deployable program after this round
     failures: int  # measurements that failed to build or run
 
+    def to_json(self) -> dict:
+        return dict(round_index=self.round_index, strategy=self.strategy.value,
+                    trials=self.trials, round_best_secs=self.round_best_secs,
+                    best_so_far_secs=self.best_so_far_secs, failures=self.failures)
+
+    @staticmethod
+    def from_json(data: dict) -> "RoundOutcome":
+        return RoundOutcome(**dict(data, strategy=Strategy(data["strategy"])))
+
 
 class StrategySelector(Protocol):
     name: str

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import tvm
 import tvm_ffi
@@ -57,7 +57,7 @@ class TaskTuningResult:
     deployed: Strategy  # the program form committed under the task's workload
     trials: int  # sampled candidates, including those of a resumed earlier run
     measurements: int  # programs built and run by this call
-    rounds: tuple  # RoundOutcome of every round run by this call
+    rounds: tuple  # RoundOutcome of every round: the `history` given, then this call's
     best_secs: Optional[float]
     best_trace: Optional[s_tir.Trace]
     wall_secs: float
@@ -156,6 +156,19 @@ def _resume(database, ctx, model, extractor, task_name: str):
         model.update(ctx, [_replay(r) for r in measured], [RunnerResult(r.run_secs, None) for r in measured])
         logger.info("[%s] resumed: %d trials already in the database, best %s", task_name, done, _ms(best_secs))
     return done, best_secs, best_trace
+
+
+def _rounds_in(history: Sequence[RoundOutcome], done: int) -> list:
+    """The rounds of `history` whose trials the database holds (`done`): a history kept
+    apart from a database that was since cleared, or a round recorded before the process
+    stopped, must not count rounds that are not there."""
+    kept, trials = [], 0
+    for outcome in history:
+        trials += outcome.trials
+        if trials > done:
+            break
+        kept.append(outcome)
+    return kept
 
 
 def _new_best(deployable, best_secs, best_trace, checker: ProgramChecker, task_name: str):
@@ -341,6 +354,8 @@ def tune_task(
     task_name: str = "main",
     seed: int = -1,
     on_round: Optional[RoundCallback] = None,
+    history: Sequence[RoundOutcome] = (),
+    planned_rounds: Optional[int] = None,
 ) -> TaskTuningResult:
     """Tune one TIR task (an IRModule with a `main` PrimFunc) with layout-strategy selection.
 
@@ -349,6 +364,9 @@ def tune_task(
     starts training after `num_warmup_samples` measurements (default: one round), not
     MetaSchedule's 100, which a short run would never reach. Each round is MetaSchedule's
     cycle with the strategy chosen first: `_generate`, `_measure`, `_update`, then `_record`.
+    `history`: the task's earlier rounds (a resumed or round-by-round run), which the selector
+    sees and the result's `rounds` begins with; `planned_rounds`: the horizon the selector's
+    shares refer to (default: this call's `max_trials` in rounds).
     """
     start = time.time()
     if isinstance(mod, tvm.tirx.PrimFunc):
@@ -366,8 +384,11 @@ def tune_task(
     ctx = task.ctx
 
     done, best_secs, best_trace = _resume(database, ctx, task.model, task.extractor, task_name)
-    total_rounds = math.ceil(max_trials / num_trials_per_iter)
-    rounds: list[RoundOutcome] = []
+    # The rule's horizon and the rounds it has seen: a task tuned a round at a time (the
+    # pipeline's budget scheduler) or resumed passes both, so that the 5:5:6 shares and the
+    # bandit's and leader's statistics span all its rounds rather than this call's.
+    total_rounds = planned_rounds or math.ceil(max_trials / num_trials_per_iter)
+    rounds: list[RoundOutcome] = _rounds_in(history, done)
     measurements = 0
     trials = done
     started = trials < max_trials
@@ -379,7 +400,7 @@ def tune_task(
             database=database,
             cost_model=task.model,
         )
-    round_index = done // num_trials_per_iter
+    round_index = len(rounds) if rounds else done // num_trials_per_iter
     while trials < max_trials:
         strategy = selector.select(round_index, total_rounds, task.model, rounds)
         generated = _generate(task, strategy, max_trials - trials)
