@@ -70,9 +70,17 @@ RULES = {"adaptive": "the paper's NL -> LR -> LC, round shares 5:5:6",
 
 
 def summary(results) -> list[dict]:
-    """What the report needs of one task's [VariantResult], as plain data (OUTPUT.json)."""
+    """What the report needs of one task's [VariantResult], as plain data (OUTPUT.json).
+    Tuning time and measurements are the sums over the variant's rounds, which a resumed
+    run keeps (`comparison.ROUNDS_FILE`), where they are known (else this call's)."""
+    def spent(r):
+        rounds = r.tuning.rounds
+        if rounds and all(o.wall_secs for o in rounds):
+            return sum(o.wall_secs for o in rounds), sum(o.measurements for o in rounds)
+        return r.tuning.wall_secs, r.tuning.measurements
+
     return [dict(label=r.variant.label, layout_strategy=r.variant.layout_strategy, secs=r.secs,
-                 wall_secs=r.tuning.wall_secs, measurements=r.tuning.measurements,
+                 wall_secs=spent(r)[0], measurements=spent(r)[1],
                  rounds=[o.strategy.value for o in r.tuning.rounds]) for r in results]
 
 

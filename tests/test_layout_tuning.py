@@ -253,3 +253,5 @@ def test_a_cut_comparison_resumes_with_its_rounds(tmp_path):
                                        num_trials_per_iter=2, **FAST)
     assert seen == [(0, 2, []), (1, 2, [Strategy.NL])]
     assert [o.round_index for o in results[0].tuning.rounds] == [0, 1]
+    # What each round cost is kept with it (the report's tuning time survives the cut).
+    assert all(o.wall_secs > 0 and o.measurements >= o.trials for o in results[0].tuning.rounds)

@@ -24,11 +24,14 @@ class RoundOutcome:
     round_best_secs: Optional[float]  # fastest deployable program measured this round
     best_so_far_secs: Optional[float]  # fastest deployable program after this round
     failures: int  # measurements that failed to build or run
+    measurements: int = 0  # programs built and run (adaptive rounds also measure P)
+    wall_secs: float = 0.0  # the round's time: search, measurements, model update
 
     def to_json(self) -> dict:
         return dict(round_index=self.round_index, strategy=self.strategy.value,
                     trials=self.trials, round_best_secs=self.round_best_secs,
-                    best_so_far_secs=self.best_so_far_secs, failures=self.failures)
+                    best_so_far_secs=self.best_so_far_secs, failures=self.failures,
+                    measurements=self.measurements, wall_secs=self.wall_secs)
 
     @staticmethod
     def from_json(data: dict) -> "RoundOutcome":

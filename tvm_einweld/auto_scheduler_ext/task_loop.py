@@ -402,6 +402,7 @@ def tune_task(
         )
     round_index = len(rounds) if rounds else done // num_trials_per_iter
     while trials < max_trials:
+        round_start = time.time()
         strategy = selector.select(round_index, total_rounds, task.model, rounds)
         generated = _generate(task, strategy, max_trials - trials)
         if generated is None:
@@ -413,7 +414,8 @@ def tune_task(
         best_secs, best_trace, round_best = _record(task, this_round, best_secs, best_trace)
         failures = this_round.failures
         trials += len(this_round.candidates)
-        outcome = RoundOutcome(round_index, strategy, len(this_round.candidates), round_best, best_secs, failures)
+        outcome = RoundOutcome(round_index, strategy, len(this_round.candidates), round_best, best_secs,
+                               failures, this_round.measurements, time.time() - round_start)
         rounds.append(outcome)
         logger.info(
             "[%s] round %d/%d %s  trials %d/%d  round best %s  best %s%s",
