@@ -1,5 +1,6 @@
 """The command line: subcommands listed, clear errors (no traceback) for bad input."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -236,3 +237,15 @@ def test_bench_progress_goes_to_stderr(tmp_path):
 def test_optimize_without_measuring(tmp_path):
     """`--no-measure` compiles by the cost model alone and still checks the result."""
     _optimize_gather_matmul(tmp_path, "--no-measure")
+
+
+def test_tune_a_task_with_the_leader_rule(tmp_path):
+    """`tune --task ... --selector leader`: the rounds follow the rule's warm-up (NL, LR, LC)
+    and the table names the variant by its rule."""
+    out = cli("tune", "--task", "conv2d:1,4,6,6,4,3,1,1", "--trials", "3", "--per-round", "1",
+              "--selector", "leader", "--work-dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rounds = re.findall(r"\[adaptive-leader\]\s+round\s+\d+\s+(\w\w)", out.stdout + out.stderr)
+    assert rounds == ["NL", "LR", "LC"]
+    assert "| adaptive-leader |" in out.stdout
+    assert os.path.isdir(out.stdout.rsplit(": ", 1)[-1].strip())  # the database it names

@@ -82,7 +82,8 @@ def _tune_block(block, args, work_dir: str) -> int:
     from tvm_einweld.auto_scheduler_ext import comparison
 
     target = _target()
-    variants = [comparison.Variant(args.strategy, args.strategy, args.selector)]
+    label = args.strategy + (f"-{args.selector}" if args.selector else "")
+    variants = [comparison.Variant(label, args.strategy, args.selector)]
     if args.compare:
         variants += [v for v in comparison.SINGLE_AND_ADAPTIVE[:3] if v.label != args.strategy]
     results = comparison.tune_variants(
@@ -101,7 +102,7 @@ def _tune_block(block, args, work_dir: str) -> int:
     for r, t in zip(results, secs[1:]):
         counts = "/".join(str(sum(o.strategy.value == s for o in r.tuning.rounds)) for s in ("NL", "LR", "LC"))
         print(f"| {r.variant.label} | {_fmt(t)} | {_gflops(block, t)} | {counts} | {r.tuning.wall_secs:.0f} |")
-    print(f"\ndatabase of the {args.strategy} run: {os.path.join(work_dir, block.name + '-' + args.strategy)}")
+    print(f"\ndatabase of the {label} run: {os.path.join(work_dir, block.name + '-' + label)}")
     return 0 if results[0].best_program is not None else 1
 
 
