@@ -85,7 +85,8 @@ def tune_variants(
         history = _load_rounds(rounds_path)
 
         def keep(name: str, outcome: RoundOutcome, path=rounds_path, kept=list(history)) -> None:
-            kept.append(outcome)
+            # tune_task drops rounds its database does not hold; so does the file
+            kept[:] = [o for o in kept if o.round_index < outcome.round_index] + [outcome]
             with open(path, "w") as f:
                 json.dump([o.to_json() for o in kept], f)
             if on_round is not None:
