@@ -21,7 +21,7 @@ from tvm.target import Target
 
 from ..machine import cpu_model
 from .build_fn import build_cpu_kernel
-from .selectors import RoundOutcome, make_selector
+from .selectors import RoundOutcome, StrategySelector, make_selector
 from .strategies import args_info
 from .task_loop import RoundCallback, TaskTuningResult, tune_task
 
@@ -32,7 +32,7 @@ class Variant:
 
     label: str
     layout_strategy: str
-    selector: Optional[str] = None
+    selector: Optional[str | StrategySelector] = None  # a name (`make_selector`) or one
 
 
 SINGLE_AND_ADAPTIVE = (
