@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -81,7 +82,19 @@ def summary(results) -> list[dict]:
 
     return [dict(label=r.variant.label, layout_strategy=r.variant.layout_strategy, secs=r.secs,
                  wall_secs=spent(r)[0], measurements=spent(r)[1],
-                 rounds=[o.strategy.value for o in r.tuning.rounds]) for r in results]
+                 rounds=[o.strategy.value for o in r.tuning.rounds],
+                 best_so_far=[o.best_so_far_secs for o in r.tuning.rounds]) for r in results]
+
+
+def convergence(results: list, shares=(0.25, 0.5, 0.75, 1.0)) -> list:
+    """Per variant, its best deployable time (as measured while tuning) after each share of
+    its rounds; None where the rounds are not known (a run before rounds were kept)."""
+    out = []
+    for r in results:
+        curve = r.get("best_so_far") or []
+        out.append([curve[max(0, math.ceil(len(curve) * q) - 1)] if curve else None
+                    for q in shares])
+    return out
 
 
 def gain(single, adaptive):
@@ -147,6 +160,13 @@ def report(rows, labels, settings, command, wall):
     for name, results in rows:
         lines.append(f"| {name} | " + " | ".join(
             f"{r['wall_secs']:.0f} s / {r['measurements']}" for r in results) + " |")
+    lines += ["", "Search progress: each variant's best deployable program as timed while tuning "
+              "(not side by side), in ms, after 1/4, 1/2, 3/4 and all of its rounds:", "",
+              "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for name, results in rows:
+        lines.append(f"| {name} | " + " | ".join(
+            " / ".join(msec(x) for x in points) if any(x is not None for x in points) else "n/a"
+            for points in convergence(results)) + " |")
     lines += ["", "Strategy of each round of the adaptive runs:", ""]
     for name, results in rows:
         for r in results:
