@@ -1,5 +1,5 @@
 """AL-Ansor's experiment on MetaSchedule: NL-only, LR-only, LC-only and adaptive layout tuning
-(three rules: the paper's 5:5:6, a UCB bandit, our leader rule) of ResNet-50 conv blocks
+(four rules: the paper's 5:5:6, a UCB bandit, our leader and stall rules) of ResNet-50 conv blocks
 (pad + conv2d + bias + ReLU) at the same trial count per task, for the host's full target.
 
     python benchmarks/layout_tuning.py            # full: 512 trials per task (many hours here)
@@ -67,7 +67,8 @@ def parse_args(argv):
 # What each adaptive variant's selector is (`tvm_einweld.auto_scheduler_ext.selectors`).
 RULES = {"adaptive": "the paper's NL -> LR -> LC, round shares 5:5:6",
          "bandit": "UCB1 over the three strategies, rewarded by measured P",
-         "leader": "NL, LR, LC once, then the strategy that found the best P, last third LC"}
+         "leader": "NL, LR, LC once, then the strategy that found the best P, last third LC",
+         "stall": "the paper's phases, NL or LR left early after two rounds without a faster P"}
 
 
 def summary(results) -> list[dict]:

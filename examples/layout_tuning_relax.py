@@ -38,7 +38,7 @@ def conv_net(rng):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=32, help="trials per task")
-    parser.add_argument("--selector", default="predefined", choices=["predefined", "bandit", "leader"])
+    parser.add_argument("--selector", default="predefined", choices=["predefined", "bandit", "leader", "stall"])
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("tvm_einweld.auto_scheduler_ext").setLevel(logging.INFO)

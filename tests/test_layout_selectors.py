@@ -7,6 +7,7 @@ from tvm_einweld.auto_scheduler_ext.selectors import (
     LeaderRule,
     PredefinedRule,
     RoundOutcome,
+    StallRule,
     leader,
     make_selector,
     round_reward,
@@ -105,3 +106,35 @@ def test_leader_rule_reads_the_leader_from_history_alone():
     assert [rule.select(r, 3, None, []) for r in range(3)] == [NL, LR, LC]
     with pytest.raises(ValueError):
         LeaderRule(tail=1.5)
+
+
+def _play(rule, total, improves):
+    """Run `rule` for `total` rounds; `improves(strategy, i)`: whether round i finds a new
+    best. Returns the strategies picked."""
+    history, picks, best = [], [], 10.0
+    for r in range(total):
+        strategy = rule.select(r, total, None, history)
+        picks.append(strategy)
+        found = best * 0.9 if improves(strategy, r) else best * 1.1
+        best = min(best, found)
+        history.append(outcome(r, strategy, found, best))
+    return picks
+
+
+def test_stall_rule_keeps_the_paper_shares_while_every_phase_improves():
+    picks = _play(StallRule(), 16, lambda s, r: True)
+    assert picks == _play(PredefinedRule(), 16, lambda s, r: True)
+    assert picks == [NL] * 5 + [LR] * 5 + [LC] * 6
+
+
+def test_stall_rule_leaves_a_stalled_phase_early():
+    # Nothing improves after the first round: NL stops after two rounds without a new best,
+    # LR after its minimum of two, LC gets the rest.
+    picks = _play(StallRule(), 16, lambda s, r: r == 0)
+    assert picks == [NL] * 3 + [LR] * 2 + [LC] * 11
+    # NL keeps improving, LR never does: NL its full share, LR its minimum.
+    picks = _play(StallRule(), 16, lambda s, r: s is NL)
+    assert picks == [NL] * 5 + [LR] * 2 + [LC] * 9
+    # No history (a resumed run): the paper's rule by round index.
+    assert [StallRule().select(r, 16, None, []) for r in (0, 5, 10)] == [NL, LR, LC]
+    assert make_selector("adaptive", "stall") == StallRule()

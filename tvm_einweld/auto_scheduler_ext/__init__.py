@@ -19,6 +19,7 @@ _EXPORTS = {
     "PredefinedRule": "selectors",
     "BanditSelector": "selectors",
     "LeaderRule": "selectors",
+    "StallRule": "selectors",
     "FixedStrategy": "selectors",
     "RoundOutcome": "selectors",
     "make_selector": "selectors",

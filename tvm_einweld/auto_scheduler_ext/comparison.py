@@ -43,7 +43,8 @@ SINGLE_AND_ADAPTIVE = (
 )
 # Every single strategy and every adaptive rule (`selectors`): #15's comparison.
 ALL_RULES = SINGLE_AND_ADAPTIVE + (Variant("bandit", "adaptive", "bandit"),
-                                   Variant("leader", "adaptive", "leader"))
+                                   Variant("leader", "adaptive", "leader"),
+                                   Variant("stall", "adaptive", "stall"))
 
 
 @dataclass(frozen=True)

@@ -131,8 +131,8 @@ def tune_tir(
     early_stopping_rounds: int = 50,
 ) -> ms.database.Database:
     """Tune every PrimFunc of ``mod`` (each one task) like ``ms.tune_tir``, with layout
-    strategies: "adaptive" (switch per round, ``selector`` "predefined", "bandit" or
-    "leader"), or a single "NL", "LR" or "LC". Buffers named in a PrimFunc's
+    strategies: "adaptive" (switch per round, ``selector`` "predefined", "bandit", "leader"
+    or "stall"), or a single "NL", "LR" or "LC". Buffers named in a PrimFunc's
     ``layout_free_buffers`` attribute are the static data whose layout may be rewritten.
     Returns the database."""
     if isinstance(mod, tvm.tirx.PrimFunc):

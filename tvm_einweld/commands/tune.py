@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trials per task (a model's budget is trials x tasks; default 64)")
     parser.add_argument("--strategy", default="adaptive", choices=["adaptive", "NL", "LR", "LC"],
                         help="layout strategy; adaptive switches between them (default)")
-    parser.add_argument("--selector", choices=["predefined", "bandit", "leader"], default=None,
+    parser.add_argument("--selector", choices=["predefined", "bandit", "leader", "stall"], default=None,
                         help="strategy selector for --strategy adaptive (default: predefined 5:5:6)")
     parser.add_argument("--per-round", type=int, default=16, help="candidates per round (default 16)")
     parser.add_argument("--compare", action="store_true",
