@@ -1,6 +1,7 @@
 """AL-Ansor's experiment on MetaSchedule: NL-only, LR-only, LC-only and adaptive layout tuning
-(four rules: the paper's 5:5:6, a UCB bandit, our leader and stall rules) of ResNet-50 conv blocks
-(pad + conv2d + bias + ReLU) at the same trial count per task, for the host's full target.
+(four rules: the paper's 5:5:6, a UCB bandit, our leader and stall rules) of ResNet-50 conv
+blocks (pad + conv2d + bias + ReLU) at the same trial count per task, for the host's full
+target.
 
     python benchmarks/layout_tuning.py            # full: 512 trials per task (many hours here)
     python benchmarks/layout_tuning.py --quick    # 9 trials per task, small search
@@ -11,9 +12,9 @@ A run that stops part-way (a session's time, a machine's) keeps every finished t
 OUTPUT.json (the numbers the report is made of) beside OUTPUT; `--resume` with the same
 settings skips those tasks and tunes the rest, so the 512-trial run can be done a few tasks
 at a time. A task cut off mid-way continues from its variants' databases when the same
-`--work-dir` is given (each variant's finished trials are counted and its cost model
-retrained on them; the rounds before the cut are missing from the report's strategy lists,
-and a bandit or leader rule resumed mid-run starts its history afresh), else from its start.
+`--work-dir` is given (each variant's finished trials are counted, its cost model retrained
+on them, and its rounds, kept beside its database, given back to its rule), else from its
+start.
 
 Each variant tunes every task with its own database. The best deployable program of each
 variant (NL: A, LR: L+P with the transform in the kernel, LC and the adaptive rules: P with
@@ -75,16 +76,19 @@ def summary(results) -> list[dict]:
     """What the report needs of one task's [VariantResult], as plain data (OUTPUT.json).
     Tuning time and measurements are the sums over the variant's rounds, which a resumed
     run keeps (`comparison.ROUNDS_FILE`), where they are known (else this call's)."""
-    def spent(r):
+    def row(r):
         rounds = r.tuning.rounds
         if rounds and all(o.wall_secs for o in rounds):
-            return sum(o.wall_secs for o in rounds), sum(o.measurements for o in rounds)
-        return r.tuning.wall_secs, r.tuning.measurements
+            wall = sum(o.wall_secs for o in rounds)
+            measurements = sum(o.measurements for o in rounds)
+        else:
+            wall, measurements = r.tuning.wall_secs, r.tuning.measurements
+        return dict(label=r.variant.label, layout_strategy=r.variant.layout_strategy, secs=r.secs,
+                    wall_secs=wall, measurements=measurements,
+                    rounds=[o.strategy.value for o in rounds],
+                    best_so_far=[o.best_so_far_secs for o in rounds])
 
-    return [dict(label=r.variant.label, layout_strategy=r.variant.layout_strategy, secs=r.secs,
-                 wall_secs=spent(r)[0], measurements=spent(r)[1],
-                 rounds=[o.strategy.value for o in r.tuning.rounds],
-                 best_so_far=[o.best_so_far_secs for o in r.tuning.rounds]) for r in results]
+    return [row(r) for r in results]
 
 
 def convergence(results: list, shares=(0.25, 0.5, 0.75, 1.0)) -> list:

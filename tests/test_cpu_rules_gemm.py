@@ -338,6 +338,7 @@ def test_an_epilogue_with_a_side_input_keeps_the_rule():
     ref = np.maximum(conv + bias + (other + shift) * 0.5, 0)
     np.testing.assert_allclose(got.numpy(), ref, **tol("float32"))
 
+
 def test_tile_order_follows_traffic():
     """Column panels go outer when B is the operand that would be re-read from beyond L2
     (BERT's 128 x 3072 . 3072 x 768: 9 MiB of weights), row tiles when B fits L2 (NeRF's
