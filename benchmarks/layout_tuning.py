@@ -11,7 +11,9 @@ target.
 A run that stops part-way (a session's time, a machine's) keeps every finished task in
 OUTPUT.json (the numbers the report is made of) beside OUTPUT; `--resume` with the same
 settings skips those tasks and tunes the rest, so the 512-trial run can be done a few tasks
-at a time. A task cut off mid-way continues from its variants' databases when the same
+at a time, on another machine if need be: every task's variants are tuned and re-measured side
+by side on one machine, and the task keeps that machine and its target (the gains are ratios
+within a task, so tasks of different machines average as they are). A task cut off mid-way continues from its variants' databases when the same
 `--work-dir` is given (each variant's finished trials are counted, its cost model retrained
 on them, and its rounds, kept beside its database, given back to its rule), else from its
 start.
@@ -114,17 +116,23 @@ def msec(x):
     return "n/a" if x is None else f"{x * 1e3:.3f}"
 
 
+def where_run(target) -> dict:
+    """The machine and target a task is tuned and re-measured on (kept with the task)."""
+    return dict(machine=comparison.machine_description(), target=str(target))
+
+
 def report(rows, labels, settings, command, wall):
-    """rows: (task name, `summary` of its variants) per task."""
+    """rows: (task name, `summary` of its variants, `where_run`) per task."""
     singles = [l for l in labels if l in ("NL", "LR", "LC")]
     adaptive = [l for l in labels if l not in singles]
     lines = [
         "# Adaptive layout-strategy tuning (AL-Ansor on MetaSchedule): ResNet-50 conv blocks",
         "",
         f"- command: `{command}`",
-        f"- machine: {comparison.machine_description()}; load average at the end: "
-        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}",
-        f"- target: `{settings.get('target', 'llvm')}`",
+        "- machine and target of each task (its variants tuned and re-measured side by side "
+        "there):",
+        *[f"  - {name}: {where['machine']}, `{where['target']}`" for name, _, where in rows],
+        "- load average at the end: " + ", ".join(f"{x:.1f}" for x in os.getloadavg()),
         f"- trials per task and variant: {settings['trials']} ({settings['per_round']} per round, "
         f"population {settings['population']}); total wall time {wall / 60:.1f} min",
         "- times: best deployable program of each variant, re-measured side by side (7 alternating "
@@ -137,7 +145,7 @@ def report(rows, labels, settings, command, wall):
     ]
     # gains[rule][single or "best"]: t_single / t_rule - 1 per task
     gains = {a: {s: [] for s in singles + ["best"]} for a in adaptive}
-    for name, results in rows:
+    for name, results, _ in rows:
         t = {r["label"]: r["secs"] for r in results}
         ranked = sorted((x for x in labels if t.get(x) is not None), key=lambda x: t[x])
         best_single = min((t[s] for s in singles if t.get(s) is not None), default=None)
@@ -162,18 +170,18 @@ def report(rows, labels, settings, command, wall):
             f"{sum(g >= 0 for g in best)} of {len(best)} |")
     lines += ["", "Tuning wall time per task (s) and measurements (programs built and run):", "",
               "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    for name, results in rows:
+    for name, results, _ in rows:
         lines.append(f"| {name} | " + " | ".join(
             f"{r['wall_secs']:.0f} s / {r['measurements']}" for r in results) + " |")
     lines += ["", "Search progress: each variant's best deployable program as timed while tuning "
               "(not side by side), in ms, after 1/4, 1/2, 3/4 and all of its rounds:", "",
               "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    for name, results in rows:
+    for name, results, _ in rows:
         lines.append(f"| {name} | " + " | ".join(
             " / ".join(msec(x) for x in points) if any(x is not None for x in points) else "n/a"
             for points in convergence(results)) + " |")
     lines += ["", "Strategy of each round of the adaptive runs:", ""]
-    for name, results in rows:
+    for name, results, _ in rows:
         for r in results:
             if r["layout_strategy"] == "adaptive":
                 lines.append(f"- {name} [{r['label']}]: {' '.join(r['rounds'])}")
@@ -196,13 +204,13 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown variants {unknown}; choose from {list(by_label)}")
     variants = [by_label[l] for l in args.variants.split(",")]
     labels = [v.label for v in variants]
-    settings["target"] = str(target)
     search = ms.search_strategy.EvolutionarySearch(population_size=settings["population"])
     work_root = args.work_dir or tempfile.mkdtemp(prefix="einweld-layout-bench-")
     blocks: list[Conv2dBlock] = list(RESNET50_BLOCKS[: settings["tasks"]])
     command = ("python benchmarks/layout_tuning.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     state_path = args.output + ".json" if args.output else None
-    # What the kept numbers depend on (not how many tasks: a resumed run may go further).
+    # What the kept numbers depend on (not how many tasks: a resumed run may go further; not
+    # the machine: each task keeps its own, `where_run`).
     key = dict({k: v for k, v in settings.items() if k != "tasks"}, seed=args.seed, variants=labels)
     rows, wall_before = [], 0.0
     if args.resume:
@@ -214,12 +222,12 @@ def main(argv=None) -> int:
             if state.get("settings") != key:
                 raise SystemExit(f"{state_path} holds a run with other settings: "
                                  f"{state.get('settings')}; not resuming it")
-            rows = [(name, results) for name, results in state["tasks"]]
+            rows = [(name, results, where) for name, results, where in state["tasks"]]
             wall_before = state.get("wall_secs", 0.0)
             print(f"resuming: {len(rows)} of {len(blocks)} tasks done", flush=True)
     start = time.time()
     text = report(rows, labels, settings, command, wall_before)
-    done = {name for name, _ in rows}
+    done = {name for name, _, _ in rows}
     for block in blocks:
         if block.name in done:
             continue
@@ -228,7 +236,7 @@ def main(argv=None) -> int:
             num_trials_per_iter=settings["per_round"], search=search, seed=args.seed,
             early_stopping_rounds=settings["early_stopping_rounds"],
         )
-        rows.append((block.name, summary(results)))
+        rows.append((block.name, summary(results), where_run(target)))
         print(f"{block.name}: " + ", ".join(f"{r.variant.label} {msec(r.secs)} ms" for r in results), flush=True)
         # Written after every task, so that a long run stopped part-way still leaves its table
         # and, in OUTPUT.json, the tasks `--resume` keeps.
