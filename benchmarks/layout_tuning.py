@@ -7,6 +7,7 @@ target.
     python benchmarks/layout_tuning.py --quick    # 9 trials per task, small search
     python benchmarks/layout_tuning.py --trials 64 --per-round 8 --output benchmarks/x.md
     python benchmarks/layout_tuning.py --output x.md --work-dir w --resume   # continue a run
+    python benchmarks/layout_tuning.py --merge a.md.json b.md.json -o all.md  # several seeds
 
 A run that stops part-way (a session's time, a machine's) keeps every finished task in
 OUTPUT.json (the numbers the report is made of) beside OUTPUT; `--resume` with the same
@@ -17,6 +18,11 @@ within a task, so tasks of different machines average as they are). A task cut o
 `--work-dir` is given (each variant's finished trials are counted, its cost model retrained
 on them, and its rounds, kept beside its database, given back to its rule), else from its
 start.
+
+One run per variant and task cannot tell a search's accidents (an early collapse into a poor
+region) from a rule's merit; `--merge` puts runs of other seeds (`--seed`, each its own
+OUTPUT.json, same settings otherwise) into one report, every (task, seed) a row of its own, the
+gains averaged over all of them.
 
 Each variant tunes every task with its own database. The best deployable program of each
 variant (NL: A, LR: L+P with the transform in the kernel, LC and the adaptive rules: P with
@@ -64,6 +70,9 @@ def parse_args(argv):
                    "finished tasks' numbers to the same path with .json added)")
     p.add_argument("--resume", action="store_true",
                    help="keep the tasks OUTPUT.json holds for the same settings and tune the rest")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="tune nothing: report the runs these OUTPUT.json files hold (same "
+                        "settings but the seed) together, each (task, seed) a row")
     return p.parse_args(argv)
 
 
@@ -188,8 +197,38 @@ def report(rows, labels, settings, command, wall):
     return "\n".join(lines) + "\n"
 
 
+def merge(paths: list[str]) -> tuple[list, dict, list, float]:
+    """The rows of several runs' OUTPUT.json (`--merge`): (rows, settings, labels, wall), each
+    task's name marked with its run's seed. The runs must agree on every setting but the seed
+    (and on the variants, in order); SystemExit otherwise."""
+    rows, wall, first = [], 0.0, None
+    for path in paths:
+        with open(path) as f:
+            state = json.load(f)
+        key = dict(state["settings"])
+        seed = key.pop("seed")
+        if first is None:
+            first = key
+        elif key != first:
+            raise SystemExit(f"{path} was run with other settings ({key}) than {paths[0]} "
+                             f"({first}); only the seed may differ")
+        rows += [(f"{name} (seed {seed})", results, where) for name, results, where in state["tasks"]]
+        wall += state.get("wall_secs", 0.0)
+    return rows, first, first["variants"], wall
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.merge:
+        command = ("python benchmarks/layout_tuning.py "
+                   + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+        rows, settings, labels, wall = merge(args.merge)
+        text = report(rows, labels, settings, command, wall)
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(text)
+        print(text)
+        return 0
     settings = dict(QUICK if args.quick else FULL)
     for key in ("trials", "per_round", "population", "tasks"):
         if getattr(args, key) is not None:

@@ -1,4 +1,5 @@
 """The adaptive tuning loop: rule-following rounds, surviving failures, resuming, Relax apply."""
+import json
 import dataclasses
 
 import numpy as np
@@ -255,3 +256,42 @@ def test_a_cut_comparison_resumes_with_its_rounds(tmp_path):
     assert [o.round_index for o in results[0].tuning.rounds] == [0, 1]
     # What each round cost is kept with it (the report's tuning time survives the cut).
     assert all(o.wall_secs > 0 and o.measurements >= o.trials for o in results[0].tuning.rounds)
+
+
+def _layout_benchmark():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "layout_tuning.py"
+    spec = importlib.util.spec_from_file_location("layout_tuning_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_merges_seeds_and_refuses_other_settings(tmp_path):
+    """`layout_tuning.py --merge`: every (task, seed) is a row, the gains average over all of
+    them; runs whose settings differ in more than the seed are not put together."""
+    bench = _layout_benchmark()
+    settings = dict(trials=8, per_round=4, population=64, early_stopping_rounds=5,
+                    variants=["NL", "LC", "adaptive"])
+    where = dict(machine="m", target="llvm")
+
+    def run(seed, adaptive_secs, **changed):
+        row = [dict(label=l, layout_strategy="adaptive" if l == "adaptive" else l, secs=s,
+                    wall_secs=1.0, measurements=8, rounds=[], best_so_far=[])
+               for l, s in (("NL", 1e-3), ("LC", 2e-3), ("adaptive", adaptive_secs))]
+        path = tmp_path / f"seed{seed}.json"
+        path.write_text(json.dumps(dict(settings=dict(settings, seed=seed, **changed),
+                                        tasks=[["t", row, where]], wall_secs=60.0)))
+        return str(path)
+
+    out = tmp_path / "merged.md"
+    bench.main(["--merge", run(1, 0.8e-3), run(2, 1.25e-3), "-o", str(out)])
+    text = out.read_text()
+    assert "| t (seed 1) | 1.000 | 2.000 | 0.800 |" in text
+    assert "| t (seed 2) | 1.000 | 2.000 | 1.250 |" in text
+    # vs NL: (1/0.8 - 1 + 1/1.25 - 1) / 2 = +2.5 %, vs LC (2/0.8 - 1 + 2/1.25 - 1) / 2 =
+    # +105 %; at least as fast as the best single strategy (NL) in 1 of the 2 rows.
+    assert "| adaptive | +2.5% | +105.0% | +2.5% | 1 of 2 |" in text
+    with pytest.raises(SystemExit, match="only the seed may differ"):
+        bench.main(["--merge", run(1, 0.8e-3), run(3, 0.9e-3, trials=16)])
