@@ -4,11 +4,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, s_tir
+from tvm.script import tirx as T
+from tvm_ffi import structural_equal
 
 from conftest import compile_vm, run_vm
 from tvm_einweld.tir_passes import (TileGraphFusion, compile_pipeline, pipeline, prepare,
                                     workloads)
+from tvm_einweld.tir_passes import codegen
 from tvm_einweld.tir_passes import fusion as fusion_mod
 from tvm_einweld.tir_passes.cost import propagate_subgraph
 from tvm_einweld.tir_passes.device import MemoryLevel, cpu_device
@@ -335,3 +338,46 @@ def test_gemm_with_prologue_and_epilogue_becomes_one_analytic_kernel():
     ex = tvm.compile(scheduled, target)
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
     np.testing.assert_allclose(got.numpy(), _run(mod, args), rtol=1e-4, atol=1e-4)
+
+
+@T.prim_func(s_tir=True)
+def _ragged_rows(a: T.Buffer((8, 16), "float32"), b: T.Buffer((8, 16), "float32")):
+    for i in range(8):
+        for j in range(i * 2 + 1):  # row i has 2i + 1 elements: an extent that varies per row
+            with T.sblock("B"):
+                vi = T.axis.spatial(8, i)
+                vj = T.axis.spatial(16, j)
+                b[vi, vj] = a[vi, vj] * T.float32(2)
+
+
+def test_a_tile_dependent_extent_stays_scalar():
+    """compute_at gives a producer the region one tile reads, which varies from tile to tile
+    where the consumer reads it through a reshape (CSRNet on a 2 MiB-L2 Xeon: `(tile % 10 %
+    9 + 6) % 7 + 1` elements). The code generator took every loop extent for a constant and
+    failed the whole compile (TypeError on int()); such a loop now stays as it is, scalar,
+    and the function computes what it did."""
+    sch = s_tir.Schedule(_ragged_rows)
+    rv = sch.get_sblock("B")
+    assert codegen._split_sub_tile(sch, rv, 1, ((16,), (4,))) == []
+    codegen._vectorize_inner(sch, rv, 1)
+    assert structural_equal(sch.mod["main"], _ragged_rows)
+    a = np.random.default_rng(0).standard_normal((8, 16)).astype("float32")
+    b = tvm.runtime.tensor(np.zeros((8, 16), "float32"))
+    tvm.compile(sch.mod, target="llvm")["main"](tvm.runtime.tensor(a), b)
+    want = np.where(np.arange(16)[None, :] < 2 * np.arange(8)[:, None] + 1, 2 * a, 0)
+    np.testing.assert_allclose(b.numpy(), want)
+
+
+def test_a_code_generator_defect_costs_the_group_not_the_compile(monkeypatch, caplog):
+    """Planted fault: the code generator raises an unforeseen error (a TypeError, as the
+    tile-dependent extent above did) on every group; the fusion pass leaves every group as it
+    was, says so, and the module still computes what it did."""
+    def broken(*args, **kwargs):
+        raise TypeError("planted")
+
+    monkeypatch.setattr(fusion_mod, "schedule_group", broken)
+    with caplog.at_level("WARNING", logger=fusion_mod.logger.name):
+        _, fused, report = _fuse_and_compare(
+            workloads.conv_relu_maxpool(channels=4, size=16, filters=8), measure=False)
+    assert not _multi_node_groups(report)
+    assert "code generation failed (TypeError: planted)" in caplog.text

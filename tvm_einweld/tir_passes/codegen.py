@@ -178,6 +178,14 @@ def _tile_output(sch, out_rv, out_buffer, tile):
     return outers[-1]
 
 
+def _extent(sch, loop) -> int | None:
+    """A loop's extent, or None where it is not a constant: compute_at gives a producer the
+    region one tile reads, which varies from tile to tile where the consumer reads it through
+    a reshape (CSRNet's density map: `(tile % 10 % 9 + 6) % 7 + 1` rows)."""
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
 def _count(extents, sizes) -> int:
     out = 1
     for e, s in zip(extents, sizes):
@@ -196,7 +204,7 @@ def _split_sub_tile(sch, rv, depth, spec) -> list:
         return []
     extents, sizes = spec
     spatial, reduce = _split_loops(sch, rv, depth)
-    have = [int(sch.get(l).extent) for l in spatial]
+    have = [_extent(sch, l) for l in spatial]
     if (have != [int(e) for e in extents] or len(sizes) != len(have)
             or any(e % int(s) for e, s in zip(have, sizes)) or list(sizes) == have):
         return []
@@ -279,11 +287,13 @@ def _vectorize_inner(sch, rv, depth) -> None:
     if not spatial or (reduce and not _walks_contiguously(sch, rv, spatial[-1])):
         return
     inner = spatial[-1]
-    lanes = _lanes(int(sch.get(inner).extent))
+    extent = _extent(sch, inner)
+    if extent is None:
+        return  # a tile-dependent extent: no whole vectors to split off; stays scalar
+    lanes = _lanes(extent)
     vec = None
     if lanes:
-        inner, vec = sch.split(inner, [None, lanes]) if int(sch.get(inner).extent) > lanes else (
-            None, inner)
+        inner, vec = sch.split(inner, [None, lanes]) if extent > lanes else (None, inner)
     if not reduce:
         if vec is not None:
             sch.vectorize(vec)
@@ -291,7 +301,7 @@ def _vectorize_inner(sch, rv, depth) -> None:
     rows = spatial[:-1]
     row_tile = []
     if rows:
-        extent = int(sch.get(rows[-1]).extent)
+        extent = _extent(sch, rows[-1]) or 1
         factor = next((v for v in (8, 4, 2) if extent % v == 0 and extent > v), 0)
         if factor:
             row_outer, row_inner = sch.split(rows[-1], [None, factor])
