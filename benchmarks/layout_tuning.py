@@ -14,8 +14,8 @@ OUTPUT.json (the numbers the report is made of) beside OUTPUT; `--resume` with t
 settings skips those tasks and tunes the rest, so the 512-trial run can be done a few tasks
 at a time, on another machine if need be: every task's variants are tuned and re-measured side
 by side on one machine, and the task keeps that machine and its target (the gains are ratios
-within a task, so tasks of different machines average as they are). A task cut off mid-way continues from its variants' databases when the same
-`--work-dir` is given (each variant's finished trials are counted, its cost model retrained
+within a task, so tasks of different machines average as they are). A task cut off mid-way
+continues from its variants' databases when the same `--work-dir` is given (each variant's finished trials are counted, its cost model retrained
 on them, and its rounds, kept beside its database, given back to its rule), else from its
 start.
 
@@ -218,10 +218,10 @@ def merge(paths: list[str]) -> tuple[list, dict, list, float]:
 
 
 def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    command = ("python benchmarks/layout_tuning.py " + " ".join(argv)).strip()
     if args.merge:
-        command = ("python benchmarks/layout_tuning.py "
-                   + " ".join(sys.argv[1:] if argv is None else argv)).strip()
         rows, settings, labels, wall = merge(args.merge)
         text = report(rows, labels, settings, command, wall)
         if args.output:
@@ -246,7 +246,6 @@ def main(argv=None) -> int:
     search = ms.search_strategy.EvolutionarySearch(population_size=settings["population"])
     work_root = args.work_dir or tempfile.mkdtemp(prefix="einweld-layout-bench-")
     blocks: list[Conv2dBlock] = list(RESNET50_BLOCKS[: settings["tasks"]])
-    command = ("python benchmarks/layout_tuning.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     state_path = args.output + ".json" if args.output else None
     # What the kept numbers depend on (not how many tasks: a resumed run may go further; not
     # the machine: each task keeps its own, `where_run`).

@@ -1,6 +1,6 @@
 """The adaptive tuning loop: rule-following rounds, surviving failures, resuming, Relax apply."""
-import json
 import dataclasses
+import json
 
 import numpy as np
 import pytest

@@ -37,6 +37,7 @@ from .localize import LocalizeError, localize
 from .lane_predicates import uses_var
 from .propagate import leaf_block_rvs, leaf_blocks
 from .rules.cpu.gemm import get_sblock_realize
+from .rules.cpu.injective import loop_extent
 from .tile_graph import SubGraph, TileGraph
 
 
@@ -178,14 +179,6 @@ def _tile_output(sch, out_rv, out_buffer, tile):
     return outers[-1]
 
 
-def _extent(sch, loop) -> int | None:
-    """A loop's extent, or None where it is not a constant: compute_at gives a producer the
-    region one tile reads, which varies from tile to tile where the consumer reads it through
-    a reshape (CSRNet's density map: `(tile % 10 % 9 + 6) % 7 + 1` rows)."""
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, tirx.IntImm) else None
-
-
 def _count(extents, sizes) -> int:
     out = 1
     for e, s in zip(extents, sizes):
@@ -204,7 +197,8 @@ def _split_sub_tile(sch, rv, depth, spec) -> list:
         return []
     extents, sizes = spec
     spatial, reduce = _split_loops(sch, rv, depth)
-    have = [_extent(sch, l) for l in spatial]
+    # None where an extent is not a constant (`_vectorize_inner`): no sub-tile then.
+    have = [loop_extent(sch, l) for l in spatial]
     if (have != [int(e) for e in extents] or len(sizes) != len(have)
             or any(e % int(s) for e, s in zip(have, sizes)) or list(sizes) == have):
         return []
@@ -287,9 +281,12 @@ def _vectorize_inner(sch, rv, depth) -> None:
     if not spatial or (reduce and not _walks_contiguously(sch, rv, spatial[-1])):
         return
     inner = spatial[-1]
-    extent = _extent(sch, inner)
+    # compute_at gives a producer the region one tile reads, which varies from tile to tile
+    # where the consumer reads it through a reshape (CSRNet's density map: `(tile % 10 % 9 +
+    # 6) % 7 + 1` rows): no whole vectors to split off such a loop; it stays scalar.
+    extent = loop_extent(sch, inner)
     if extent is None:
-        return  # a tile-dependent extent: no whole vectors to split off; stays scalar
+        return
     lanes = _lanes(extent)
     vec = None
     if lanes:
@@ -301,7 +298,7 @@ def _vectorize_inner(sch, rv, depth) -> None:
     rows = spatial[:-1]
     row_tile = []
     if rows:
-        extent = _extent(sch, rows[-1]) or 1
+        extent = loop_extent(sch, rows[-1]) or 1
         factor = next((v for v in (8, 4, 2) if extent % v == 0 and extent > v), 0)
         if factor:
             row_outer, row_inner = sch.split(rows[-1], [None, factor])
