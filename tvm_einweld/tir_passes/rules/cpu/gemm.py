@@ -34,6 +34,11 @@ The schedule (BLIS-like, one register block per micro-kernel)
    after its k loop; with K split by `kc`, it is the tile's mc x nr accumulator, written back
    once after the last K block. Where C's rows alias in L1 a tile spans several column
    panels, each row block running along them (`_panels_per_tile`).
+5. Prefetch (K whole, B too large to stay in L2 from call to call): each tile prefetches the
+   panels of the tile its core runs next, a line per k step and row block
+   (`prefetch.prefetch_next_panel`), so that the first row block of the next tile does not
+   wait for its panel from DRAM (a chain of BERT FFN GEMMs with 113 MB of weights: 5.0 ->
+   4.5 ms per pair on an Intel Xeon, 2 cores; 3.9 ms with the weights in cache).
 
 Why it is correct: every step is a TensorIR schedule primitive (reindex, transform_layout,
 pad_einsum, split/reorder/fuse, cache_write, compute_inline, reverse_compute_at, parallel,
@@ -41,7 +46,8 @@ vectorize, unroll, decompose_reduction); each primitive checks its own precondit
 preserves the function's semantics, and a primitive that refuses makes the rule return None
 (the function stays unscheduled and correct). Padded rows/columns are computed from zeros and
 never written back (pad_einsum's crop). The parallel loop only spans spatial axes, so no two
-threads touch the same output element.
+threads touch the same output element. Step 5 adds only prefetch hints, which change no value
+(see `prefetch`).
 
 Sizing (all from the target and the device model, nothing from a particular CPU):
 `choose_tiling` picks (mr, nr) and the tiles together, minimising a cycle model of the padded
@@ -70,6 +76,7 @@ from tvm.s_tir.dlight.gpu.matmul import IterKind, IterTrait, make_iter_fusion_in
 from tvm.target import Target, codegen
 
 from .isa import VectorISA, vector_isa
+from .prefetch import prefetch_fits, prefetch_next_panel
 
 # (schedule, block) -> the block's SBlockRealize (its predicate and iter values); the one
 # lookup of it for the CPU rules and the Welder code generator.
@@ -912,7 +919,47 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     _vectorize_inner(sch, accumulator, lanes)
     init = sch.decompose_reduction(main, k_outer)
     _vectorize_inner(sch, init, lanes)
+    if tiling.kc >= shape.k:
+        sch = _prefetch_next_panel(sch, tile, i_block, j_panel, k_inner, b_block, shape.batch,
+                                   tiling, cache_sizes(target))
     return sch, leftover
+
+
+def _prefetch_next_panel(sch: s_tir.Schedule, tile, i_block, j_panel, k, b_block,
+                         batch: int, tiling: Tiling, caches: CacheSizes) -> s_tir.Schedule:
+    """Step 5 (`prefetch`): each parallel tile's register blocks read its K x nr panels of B,
+    the first block from beyond L2 where B does not stay there; the tile prefetches the
+    panels of the tile its core runs next, in shares over its row blocks and k steps (panel
+    p of this tile's group, `j_panel`, prefetches panel p of the next group). With rows outer
+    (tiles (s, i, j)) that is tile t + 1's group; with columns outer ((s, j, i)), the group
+    after this one, spread over every tile of this group."""
+    panels = sch.get(b_block).writes[0].source  # [S or 1, J/nr, K, nr]
+    dims = [int(d) for d in panels.shape]
+    size = tvm.runtime.DataType(panels.dtype).bits // 8
+    group = tiling.panels if j_panel is not None else 1
+    groups = dims[1] // group  # column tiles
+    row_tiles = int(sch.get(tile).extent) // (batch * groups)
+    if dims[0] not in (1, batch) or batch * groups < 2 or dims[1] % group or \
+            not prefetch_fits(group * math.prod(dims[2:]) * size, math.prod(dims) * size,
+                              caches):
+        return sch
+    t = sch.get(tile).loop_var
+    one = tirx.const(1, str(t.ty.dtype))
+    blocks = tiling.mc // tiling.block.mr
+    if tiling.columns_outer:  # t = (s * G + g) * I + i
+        following = tirx.floormod(tirx.floordiv(t, row_tiles) + one, batch * groups)
+        share = tirx.floormod(t, row_tiles) * blocks + sch.get(i_block).loop_var
+        shares = row_tiles * blocks
+    else:  # t = (s * I + i) * G + g: the group of tile t + 1
+        following = tirx.floormod(tirx.floordiv(t + one, row_tiles * groups), batch) * groups \
+            + tirx.floormod(t + one, groups)
+        share, shares = sch.get(i_block).loop_var, blocks
+    column = tirx.floormod(following, groups) * group
+    if j_panel is not None:
+        column = column + sch.get(j_panel).loop_var
+    index = [tirx.floordiv(following, groups) if dims[0] > 1 else tirx.const(0, "int64"), column]
+    return s_tir.Schedule(prefetch_next_panel(sch.mod["main"], sch.get(k).loop_var, panels,
+                                              index, share, shares))
 
 
 def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_copied: bool,
