@@ -94,7 +94,9 @@ def _matmul_func(a_shape, b_shape) -> tirx.PrimFunc:
 LANES = vector_isa(TARGET).lanes("float32")
 # (A, B, register block rows, vectors, mc, columns outer, panels per tile)
 GEMM_CASES = {
+    # Row blocks per tile (the shares) fewer than / more than the lines of a panel row (2).
     "rows_outer": ((37, 64), (64, 16 * LANES), 5, 2, 10, False, 1),
+    "rows_outer_lines_walked": ((37, 64), (64, 16 * LANES), 5, 2, 20, False, 1),
     "columns_outer": ((41, 64), (64, 12 * LANES), 4, 2, 12, True, 1),
     "two_panels_per_tile": ((23, 64), (64, 16 * LANES), 5, 2, 5, False, 2),
     "batched_weights": ((3, 19, 64), (3, 64, 8 * LANES), 4, 2, 8, False, 1),

@@ -99,18 +99,28 @@ def prefetch_next_panel(func: tirx.PrimFunc, step_var: tirx.Var, panels: tirx.Bu
     steps, rest = shape[lead], shape[lead + 1:]
     row = math.prod(rest)
     per_line = max(1, CACHE_LINE // (tvm.runtime.DataType(panels.dtype).bits // 8))
-    lines = math.ceil(math.ceil(row / per_line) / shares)  # per share and step
+    row_lines = math.ceil(row / per_line)
+    lines = math.ceil(row_lines / shares)  # per share and step
     dtype = str(step_var.ty.dtype)
+    c = lambda v: tirx.const(v, dtype)  # noqa: E731
 
     def hints(step: tirx.Var) -> tirx.Stmt:
         j = tirx.Var("prefetch_line", dtype)
-        first = _as(share, dtype) * tirx.const(lines * per_line, dtype)
-        element = tirx.min(first + j * tirx.const(per_line, dtype), tirx.const(row - 1, dtype))
+        if row_lines >= shares:  # each share its lines of every row
+            element = tirx.min(_as(share, dtype) * c(lines * per_line) + j * c(per_line),
+                               c(row - 1))
+            inner = [step, *_unflatten(element, rest)]
+        else:
+            # Fewer lines in a row than shares (a GEMM's K x nr panel: 2 lines a row): one
+            # line a step, the shares and steps walking the panel's lines in order, so that
+            # the panel streams in over the whole tile rather than in its first row blocks.
+            line = tirx.floordiv((_as(share, dtype) * c(steps) + step) * c(row_lines), c(shares))
+            element = tirx.min(line * c(per_line), c(steps * row - 1))
+            inner = _unflatten(element, [steps, *rest])
         address = tirx.address_of(tirx.BufferLoad(
-            panels, [*(_as(f, dtype) for f in following), step, *_unflatten(element, rest)]))
+            panels, [*(_as(f, dtype) for f in following), *inner]))
         hint = tirx.call_intrin("void", "tirx.prefetch", address, _READ, _LOCALITY_L2, _DATA)
-        return tirx.For(j, tirx.const(0, dtype), tirx.const(lines, dtype),
-                        tirx.ForKind.UNROLLED, tirx.Evaluate(hint))
+        return tirx.For(j, c(0), c(lines), tirx.ForKind.UNROLLED, tirx.Evaluate(hint))
 
     found = []
 
