@@ -38,7 +38,7 @@ The schedule (BLIS-like, one register block per micro-kernel)
    panels of the tile its core runs next, a line per k step and row block
    (`prefetch.prefetch_next_panel`), so that the first row block of the next tile does not
    wait for its panel from DRAM (a chain of BERT FFN GEMMs with 113 MB of weights: 5.0 ->
-   4.5 ms per pair on an Intel Xeon, 2 cores; 3.9 ms with the weights in cache).
+   4.0 ms per pair on an Intel Xeon, 2 cores; 3.9 ms with the weights in cache).
 
 Why it is correct: every step is a TensorIR schedule primitive (reindex, transform_layout,
 pad_einsum, split/reorder/fuse, cache_write, compute_inline, reverse_compute_at, parallel,

@@ -18,7 +18,11 @@ k), `prefetch_next_panel` adds a few prefetches (`tirx.prefetch`, into L2: LLVM'
 `llvm.prefetch` with locality 2, `prefetcht1` on x86) of the same row of the *next* panel,
 each tile (or row block) of the panel its own share of the row's lines, so that the next
 panel streams in at the pace the current one computes: the address moves only with the row,
-everything else is loop-invariant. The next panel is the one the same core runs next under
+everything else is loop-invariant. Where a row has fewer lines than there are shares (a
+GEMM's K x nr panel, 2 lines a row, read by 10 row blocks), each step prefetches one line and
+the shares and steps walk the panel's lines in order (with only the first shares busy, the
+panel came in 5x faster than it was used, and a chain of BERT FFN GEMMs with its weights
+beyond L3 ran 4.5 ms per pair instead of 4.0). The next panel is the one the same core runs next under
 TVM's parallel-for, which hands each thread one contiguous chunk of the iterations; at a
 chunk's end one panel's prefetch is wasted. Prefetching a whole tile's share at the top of
 the tile instead measured 15 % slower than none (the prefetches fill the line-fill buffers
