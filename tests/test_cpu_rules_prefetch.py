@@ -92,15 +92,23 @@ def _matmul_func(a_shape, b_shape) -> tirx.PrimFunc:
 
 
 LANES = vector_isa(TARGET).lanes("float32")
-# (A, B, register block rows, vectors, mc, columns outer, panels per tile)
+WIDE = max(LANES, 8)  # B of at least 96 x 128 floats (48 KiB): beyond half of SMALL's L2
+K = 96
+# (A, B, register block rows, vectors, mc, columns outer, panels per tile). Which of the two
+# modes of `prefetch_next_panel` a case takes depends on the vector width (lines per panel row
+# against row blocks per tile); with 16 lanes rows_outer and two_panels walk rows, the others
+# lines.
 GEMM_CASES = {
-    # Row blocks per tile (the shares) fewer than / more than the lines of a panel row (2).
-    "rows_outer": ((37, 64), (64, 16 * LANES), 5, 2, 10, False, 1),
-    "rows_outer_lines_walked": ((37, 64), (64, 16 * LANES), 5, 2, 20, False, 1),
-    "columns_outer": ((41, 64), (64, 12 * LANES), 4, 2, 12, True, 1),
-    "two_panels_per_tile": ((23, 64), (64, 16 * LANES), 5, 2, 5, False, 2),
-    "batched_weights": ((3, 19, 64), (3, 64, 8 * LANES), 4, 2, 8, False, 1),
-    "broadcast_weights": ((3, 19, 64), (64, 12 * LANES), 4, 2, 8, True, 1),
+    "rows_outer": ((37, K), (K, 16 * WIDE), 5, 2, 10, False, 1),
+    "rows_outer_more_blocks": ((37, K), (K, 16 * WIDE), 5, 2, 20, False, 1),
+    "columns_outer": ((41, K), (K, 12 * WIDE), 4, 2, 12, True, 1),
+    "two_panels_per_tile": ((23, K), (K, 16 * WIDE), 5, 2, 5, False, 2),
+    "batched_weights": ((3, 19, K), (3, K, 8 * WIDE), 4, 2, 8, False, 1),
+    "batched_columns_outer": ((3, 19, K), (3, K, 8 * WIDE), 4, 2, 8, True, 1),
+    # One column tile per batch: the tiles of a panel follow each other with rows outer too.
+    "batched_one_panel_each": ((3, 19, 2 * K), (3, 2 * K, 2 * WIDE), 4, 2, 8, False, 1),
+    # B without the batch: the batch joins the rows (I), one weight for all.
+    "broadcast_weights": ((3, 19, K), (K, 12 * WIDE), 4, 2, 8, True, 1),
 }
 
 
@@ -116,6 +124,7 @@ def test_gemm_prefetch_against_numpy(name, small_caches):
     b = RNG.standard_normal(b_shape).astype("float32")
     lib = tvm.tirx.build(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}),
                          target=TARGET)
+    assert "llvm.prefetch" in lib.inspect_source("ll")  # the hints reach LLVM
     out = tvm.runtime.tensor(np.zeros(np.broadcast_shapes(a_shape[:-1] + (1,),
                                                           b_shape[:-2] + (1, 1))[:-1]
                                       + (b_shape[-1],), "float32"))
@@ -161,8 +170,8 @@ def test_no_prefetch_where_weights_stay_in_l2():
 def test_planted_out_of_range_panel_is_caught(small_caches, monkeypatch):
     """The bounds check is not vacuous: a `following` panel one past the last one (the fault
     the modulo in the rules prevents) is reported out of range."""
-    func = _matmul_func((37, 64), (64, 16 * LANES))
-    tiling = gemm.Tiling(gemm.RegisterBlock(5, 2, LANES), 10, 64)
+    func = _matmul_func((37, K), (K, 16 * WIDE))
+    tiling = gemm.Tiling(gemm.RegisterBlock(5, 2, LANES), 10, K)
     right = gemm.schedule_gemm(func, TARGET, tiling).mod["main"]
     original = prefetch.prefetch_next_panel
 
@@ -171,6 +180,7 @@ def test_planted_out_of_range_panel_is_caught(small_caches, monkeypatch):
                         share, shares)
 
     monkeypatch.setattr(gemm, "prefetch_next_panel", planted)
+    monkeypatch.setattr(cpu_rules, "_MEMO", OrderedDict())
     faulty = gemm.schedule_gemm(func, TARGET, tiling).mod["main"]
     assert all(high < size for _, high, size in prefetch_bounds(_flat(right)))
     assert any(high >= size for _, high, size in prefetch_bounds(_flat(faulty)))

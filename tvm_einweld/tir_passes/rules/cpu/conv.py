@@ -48,9 +48,8 @@ vectors along the contiguous output row):
    computed).
 4. Where the channel tiles run outer and the weights do not stay in L2 from call to call,
    every tile prefetches its share of the next channel tile's weight panel, a few lines per
-   input channel (`prefetch.prefetch_next_panel`): the first position tile of a panel no
-   longer waits for the whole panel from DRAM (ResNet's 512 -> 512 at 7x7 in a model: 1.07
-   -> 0.77 ms per convolution on an Intel Xeon, 2 cores).
+   input channel (`prefetch`, where the measurements are): the first position tile of a
+   panel no longer waits for the whole panel from DRAM.
 
 Block sizes come from the GEMM model (`gemm.micro_cycles`, `gemm.fits_registers`): one code
 path sizes both kernel classes. mr divides F and yb, xb divide the output height / width, so
@@ -79,7 +78,7 @@ from tvm.sym import Analyzer
 from tvm.target import Target
 
 from . import gemm, injective
-from .isa import vector_isa
+from .isa import CACHE_LINE, vector_isa
 from .prefetch import next_panel_of_tile, prefetch_fits, prefetch_next_panel
 
 # Register-block rows along the output height are unrolled code; beyond this the unrolled
@@ -92,7 +91,6 @@ MAX_Y_BLOCK = 8
 # plus write) at about 3.2 GHz, 15 B/cycle read. The lower figure keeps the model honest on
 # every core of the class.
 L2_BYTES_PER_CYCLE = 16
-CACHE_LINE = 64
 
 
 @dataclass(frozen=True)
@@ -591,7 +589,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             x_vec, lane = sch.split(x_reg, [None, block.lanes])
             unrolled = (f_reg, y_reg, x_vec)
     staging = None
-    panel_tiles = None  # tiles per weight panel where the parallel tiles run panel by panel
+    by_panel = False  # whether the parallel tiles run weight panel by weight panel
     if flat:
         # Positions as one index of a staging copy of the output: a tile of positions that
         # crosses the end of an output row writes back exactly its positions (by (row,
@@ -626,7 +624,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             tiles = (n, y_tile, x_tile, f_tile)
         else:
             tiles = (n, f_tile, y_tile, x_tile)
-            panel_tiles = (shape.height // block.yb) * (shape.width // block.xb)
+            by_panel = True
         sch.reorder(*tiles)
         tile = sch.fuse(*tiles)
         sch.parallel(tile)
@@ -650,13 +648,13 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     sch.vectorize(write_back)
     init = sch.decompose_reduction(conv, reduction[0])
     sch.vectorize(sch.get_loops(init)[-1])
-    if panel_tiles is not None and shape.channels // mr > 1 and \
-            prefetch_fits(weight_bytes // (shape.channels // mr), weight_bytes,
-                          gemm.cache_sizes(target)):
+    count = shape.channels // mr  # weight panels
+    if by_panel and count > 1 and prefetch_fits(weight_bytes // count, weight_bytes,
+                                                   gemm.cache_sizes(target)):
         # Each panel's first tile would fetch the whole panel at once (`prefetch`).
-        panels = sch.get(pack).writes[0].source
-        following, share = next_panel_of_tile(sch.get(tile).loop_var, panel_tiles,
-                                              shape.channels // mr)
-        sch = s_tir.Schedule(prefetch_next_panel(sch.mod["main"], sch.get(reduction[0]).loop_var,
-                                                 panels, [following], share, panel_tiles))
+        per_panel = int(sch.get(tile).extent) // (shape.batch * count)
+        following, share = next_panel_of_tile(sch.get(tile).loop_var, per_panel, count)
+        sch = s_tir.Schedule(prefetch_next_panel(
+            sch.mod["main"], sch.get(reduction[0]).loop_var, sch.get(pack).writes[0].source,
+            [following], share, per_panel))
     return sch

@@ -35,10 +35,9 @@ The schedule (BLIS-like, one register block per micro-kernel)
    once after the last K block. Where C's rows alias in L1 a tile spans several column
    panels, each row block running along them (`_panels_per_tile`).
 5. Prefetch (K whole, B too large to stay in L2 from call to call): each tile prefetches the
-   panels of the tile its core runs next, a line per k step and row block
-   (`prefetch.prefetch_next_panel`), so that the first row block of the next tile does not
-   wait for its panel from DRAM (a chain of BERT FFN GEMMs with 113 MB of weights: 5.0 ->
-   4.0 ms per pair on an Intel Xeon, 2 cores; 3.9 ms with the weights in cache).
+   panels of the tile its core runs next over its row blocks and k steps (`prefetch`, where
+   the measurements are), so that the first row block of the next tile does not wait for
+   its panels from DRAM.
 
 Why it is correct: every step is a TensorIR schedule primitive (reindex, transform_layout,
 pad_einsum, split/reorder/fuse, cache_write, compute_inline, reverse_compute_at, parallel,
@@ -76,7 +75,7 @@ from tvm.s_tir.dlight.gpu.matmul import IterKind, IterTrait, make_iter_fusion_in
 from tvm.target import Target, codegen
 
 from .isa import VectorISA, vector_isa
-from .prefetch import prefetch_fits, prefetch_next_panel
+from .prefetch import next_panel_of_tile, prefetch_fits, prefetch_next_panel
 
 # (schedule, block) -> the block's SBlockRealize (its predicate and iter values); the one
 # lookup of it for the CPU rules and the Welder code generator.
@@ -920,46 +919,49 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     init = sch.decompose_reduction(main, k_outer)
     _vectorize_inner(sch, init, lanes)
     if tiling.kc >= shape.k:
-        sch = _prefetch_next_panel(sch, tile, i_block, j_panel, k_inner, b_block, shape.batch,
-                                   tiling, cache_sizes(target))
+        sch = _prefetch_following_tile(sch, tile, i_block, j_panel, k_inner, b_block,
+                                       shape.batch, tiling, cache_sizes(target))
     return sch, leftover
 
 
-def _prefetch_next_panel(sch: s_tir.Schedule, tile, i_block, j_panel, k, b_block,
-                         batch: int, tiling: Tiling, caches: CacheSizes) -> s_tir.Schedule:
-    """Step 5 (`prefetch`): each parallel tile's register blocks read its K x nr panels of B,
-    the first block from beyond L2 where B does not stay there; the tile prefetches the
-    panels of the tile its core runs next, in shares over its row blocks and k steps (panel
-    p of this tile's group, `j_panel`, prefetches panel p of the next group). With rows outer
-    (tiles (s, i, j)) that is tile t + 1's group; with columns outer ((s, j, i)), the group
-    after this one, spread over every tile of this group."""
-    panels = sch.get(b_block).writes[0].source  # [S or 1, J/nr, K, nr]
+def _prefetch_following_tile(sch: s_tir.Schedule, tile: s_tir.schedule.LoopRV,
+                             i_block: s_tir.schedule.LoopRV,
+                             j_panel: s_tir.schedule.LoopRV | None, k: s_tir.schedule.LoopRV,
+                             b_block: s_tir.schedule.SBlockRV, batch: int, tiling: Tiling,
+                             caches: CacheSizes) -> s_tir.Schedule:
+    """Step 5 (`prefetch`): the panels of B that the core's next tile reads are prefetched
+    over this tile's row blocks and k steps (panel p of this tile's group, `j_panel`, the
+    next group's panel p). The parallel loop runs the tiles (s, i, g) with rows outer, every
+    tile then reading a new group (that of tile t + 1), or (s, g, i) with columns outer,
+    where the tiles of one group follow each other (its I tiles share the prefetch of the
+    next group), as they also do with rows outer when there is one group per batch."""
+    panels = sch.get(b_block).writes[0].source  # [S, J/nr, K, nr]: S is never broadcast
     dims = [int(d) for d in panels.shape]
     size = tvm.runtime.DataType(panels.dtype).bits // 8
     group = tiling.panels if j_panel is not None else 1
-    groups = dims[1] // group  # column tiles
+    groups = dims[1] // group  # column tiles per batch
     row_tiles = int(sch.get(tile).extent) // (batch * groups)
-    if dims[0] not in (1, batch) or batch * groups < 2 or dims[1] % group or \
+    if dims[0] != batch or dims[1] % group or batch * groups < 2 or \
             not prefetch_fits(group * math.prod(dims[2:]) * size, math.prod(dims) * size,
                               caches):
         return sch
     t = sch.get(tile).loop_var
-    one = tirx.const(1, str(t.ty.dtype))
     blocks = tiling.mc // tiling.block.mr
-    if tiling.columns_outer:  # t = (s * G + g) * I + i
-        following = tirx.floormod(tirx.floordiv(t, row_tiles) + one, batch * groups)
-        share = tirx.floormod(t, row_tiles) * blocks + sch.get(i_block).loop_var
+    if tiling.columns_outer or groups == 1:  # t = (s * G + g) * I + i
+        following, tile_share = next_panel_of_tile(t, row_tiles, batch * groups)
+        share = tile_share * blocks + sch.get(i_block).loop_var
         shares = row_tiles * blocks
     else:  # t = (s * I + i) * G + g: the group of tile t + 1
-        following = tirx.floormod(tirx.floordiv(t + one, row_tiles * groups), batch) * groups \
-            + tirx.floormod(t + one, groups)
+        nxt = t + tirx.const(1, str(t.ty.dtype))
+        following = tirx.floormod(tirx.floordiv(nxt, row_tiles * groups), batch) * groups \
+            + tirx.floormod(nxt, groups)
         share, shares = sch.get(i_block).loop_var, blocks
     column = tirx.floormod(following, groups) * group
     if j_panel is not None:
         column = column + sch.get(j_panel).loop_var
-    index = [tirx.floordiv(following, groups) if dims[0] > 1 else tirx.const(0, "int64"), column]
-    return s_tir.Schedule(prefetch_next_panel(sch.mod["main"], sch.get(k).loop_var, panels,
-                                              index, share, shares))
+    return s_tir.Schedule(prefetch_next_panel(
+        sch.mod["main"], sch.get(k).loop_var, panels,
+        [tirx.floordiv(following, groups), column], share, shares))
 
 
 def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_copied: bool,
