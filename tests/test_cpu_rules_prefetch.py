@@ -33,14 +33,7 @@ def small_caches(monkeypatch):
 
 def _flat(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` lowered to flat buffers, as `gemm.well_formed` lowers it."""
-    from tvm.s_tir import transform as st  # pylint: disable=import-outside-toplevel
-
-    mod = tvm.transform.Sequential([
-        st.CanonicalizeLoop(), st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
-        st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerMatchBuffer(),
-        st.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
-    ])(tvm.IRModule({"main": func}))
-    return mod["main"]
+    return gemm.flat_lowering()(tvm.IRModule({"main": func}))["main"]
 
 
 def prefetch_bounds(func: tirx.PrimFunc) -> list[tuple[int, int, int]]:

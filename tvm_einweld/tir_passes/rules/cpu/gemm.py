@@ -768,18 +768,22 @@ def well_formed(sch: s_tir.Schedule | None) -> s_tir.Schedule | None:
     on a diamond of consumers (GELU)."""
     if sch is None:
         return None
+    try:
+        flat_lowering()(tvm.IRModule({"main": sch.mod["main"]}))
+    except (RuntimeError, ValueError):
+        return None
+    return sch
+
+
+def flat_lowering() -> tvm.transform.Pass:
+    """The start of TVM's own lowering, block lowering up to buffer flattening."""
     from tvm.s_tir import transform as st  # pylint: disable=import-outside-toplevel
 
-    lowering = tvm.transform.Sequential([
+    return tvm.transform.Sequential([
         st.CanonicalizeLoop(), st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
         st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerMatchBuffer(),
         st.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
     ])
-    try:
-        lowering(tvm.IRModule({"main": sch.mod["main"]}))
-    except (RuntimeError, ValueError):
-        return None
-    return sch
 
 
 def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockRV, GemmShape
