@@ -15,9 +15,9 @@ settings skips those tasks and tunes the rest, so the 512-trial run can be done 
 at a time, on another machine if need be: every task's variants are tuned and re-measured side
 by side on one machine, and the task keeps that machine and its target (the gains are ratios
 within a task, so tasks of different machines average as they are). A task cut off mid-way
-continues from its variants' databases when the same `--work-dir` is given (each variant's finished trials are counted, its cost model retrained
-on them, and its rounds, kept beside its database, given back to its rule), else from its
-start.
+continues from its variants' databases when the same `--work-dir` is given (each variant's
+finished trials are counted, its cost model retrained on them, and its rounds, kept beside its
+database, given back to its rule), else from its start.
 
 One run per variant and task cannot tell a search's accidents (an early collapse into a poor
 region) from a rule's merit; `--merge` puts runs of other seeds (`--seed`, each its own

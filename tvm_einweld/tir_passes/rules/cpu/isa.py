@@ -72,15 +72,15 @@ def has_feature(feature: str, target: tvm.target.Target) -> bool:
         return False
 
 
+# Bytes of a data-cache line: 64 on every x86 and Arm server core this project targets (the
+# caches' own sizes come from sysfs or `gemm.DEFAULT_CACHES`).
+CACHE_LINE = 64
+
 # FMA pipes of cores whose datapath differs from the default (2 pipes as wide as the vector
 # registers, 4 cycles): -mcpu -> (pipes, bits each pipe computes per cycle, latency). A vector
 # wider than a pipe occupies it for several cycles, so fewer FMAs issue per cycle (Zen 1 runs
 # a 256-bit FMA as two 128-bit halves: one 256-bit FMA per cycle). Vendors' optimisation
 # manuals (AMD family 17h/19h, Intel) give these numbers.
-# Bytes of a data-cache line: 64 on every x86 and Arm server core this project targets (the
-# caches' own sizes come from sysfs or `gemm.DEFAULT_CACHES`).
-CACHE_LINE = 64
-
 FMA_PIPES = {
     "znver1": (2, 128, 5),
     "znver2": (2, 256, 5),

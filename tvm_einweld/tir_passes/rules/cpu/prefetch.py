@@ -115,27 +115,27 @@ def prefetch_next_panel(func: tirx.PrimFunc, step_var: tirx.Var, panels: tirx.Bu
     row = math.prod(rest)
     per_line = max(1, CACHE_LINE // (tvm.runtime.DataType(panels.dtype).bits // 8))
     row_lines = math.ceil(row / per_line)
-    lines = math.ceil(row_lines / shares)  # per share and step, row by row
+    walk = row_lines < shares  # the second mode of the module docstring
+    lines = 1 if walk else math.ceil(row_lines / shares)  # per share and step
     dtype = str(step_var.ty.dtype)
     c = lambda v: tirx.const(v, dtype)  # noqa: E731
 
     def hints(step: tirx.Var) -> tirx.Stmt:
         j = tirx.Var("prefetch_line", dtype)
-        if row_lines >= shares:  # each share its lines of every row
-            element = tirx.min(_as(share, dtype) * c(lines * per_line) + j * c(per_line),
-                               c(row - 1))
-            inner = [step, *_unflatten(element, rest)]
-        else:  # one line a step, shares and steps walking the panel's lines in order
+        if walk:  # one line a step, shares and steps walking the panel's lines in order
             total = math.ceil(steps * row / per_line)
             line = tirx.floordiv((_as(share, dtype) * c(steps) + step) * c(total),
                                  c(shares * steps))
             element = tirx.min(line * c(per_line), c(steps * row - 1))
             inner = _unflatten(element, [steps, *rest])
+        else:  # each share its lines of every row
+            element = tirx.min(_as(share, dtype) * c(lines * per_line) + j * c(per_line),
+                               c(row - 1))
+            inner = [step, *_unflatten(element, rest)]
         address = tirx.address_of(tirx.BufferLoad(
             panels, [*(_as(f, dtype) for f in following), *inner]))
         hint = tirx.call_intrin("void", "tirx.prefetch", address, _READ, _LOCALITY_L2, _DATA)
-        return tirx.For(j, c(0), c(lines if row_lines >= shares else 1),
-                        tirx.ForKind.UNROLLED, tirx.Evaluate(hint))
+        return tirx.For(j, c(0), c(lines), tirx.ForKind.UNROLLED, tirx.Evaluate(hint))
 
     found = []
 
