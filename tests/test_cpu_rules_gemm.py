@@ -182,6 +182,24 @@ def test_tiling_charges_padding_to_whole_row_tiles():
     assert -(-512 // alone.mc) * alone.mc == 560  # what the joint choice avoids
 
 
+def test_row_tile_leaves_room_for_the_c_strip():
+    """A row tile's block of A stays in L2 while its column panels pass, each writing an
+    mc x nr strip of C through L2 too: mc * (kc + nr) fits half of L2 (more than one register
+    block per tile) on any shape. NeRF's 4096 x 63 . 63 x 256 (2 MiB L2) took one row tile of
+    4102 rows when only A was counted; it now takes two."""
+    caches = gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
+    isa = VectorISA(bits=512, registers=32, fma=True, masked=True)
+    for m, n, k in ((4096, 256, 63), (4096, 256, 256), (512, 3072, 768), (3136, 64, 576),
+                    (4099, 97, 31), (197, 1536, 384)):
+        for cores in (1, 2, 8):
+            tiling = gemm.choose_tiling(isa, caches, "float32", 1, m, n, k, cores)
+            if tiling.mc > tiling.block.mr:
+                assert tiling.mc * (tiling.kc + tiling.block.nr) * 4 <= caches.l2 // 2, \
+                    (m, n, k, cores, tiling)
+    nerf = gemm.choose_tiling(isa, caches, "float32", 1, 4096, 256, 63, cores=2)
+    assert -(-4096 // nerf.mc) == 2, nerf
+
+
 def test_a_crop_that_cannot_fold_is_charged():
     """A 1x1 convolution's output read through a reshape (p = y * 28 + x) cannot take a padded
     tile's crop in its write-back: padding N = 784 costs a whole extra pass (MobileNetV2's
