@@ -4,7 +4,8 @@ Input: a Relax module whose `main` calls PrimFuncs with `call_tir` (after `Legal
 optionally stock `AnnotateTIROpPattern` + `FuseOps` + `FuseTIR`; see `prepare()`).
 Output: the same module in which every group chosen by `graph_connecting` is one `call_tir` of a
 fused, tiled kernel whose connected intermediates live in tile buffers (CPU scratch / CUDA shared
-memory), and every node left alone but tileable is replaced by its tiled kernel.
+memory), and every node left alone but tileable is replaced by its tiled kernel, but a GEMM-class
+node on a GPU, which keeps its call for DLight's matmul (`gpu_matmul`).
 
 Why it is correct: a group is replaced only after its kernel computed the same output as the
 group's original PrimFuncs (TVM's own build) on random inputs (`measure.check_group`); a group
@@ -54,7 +55,8 @@ class FusionReport:
     replaced: tuple[tuple[str, ...], ...]
     rejected: tuple[tuple[tuple[str, ...], str], ...]
     measurements: int = 0  # kernels built and timed on the target while scheduling
-    # single nodes left to the analytic CPU rules (their kernel beat every tile config)
+    # single nodes left to the analytic CPU rules (their kernel beat every tile config), or
+    # on a GPU lone GEMM-class nodes left to DLight's matmul (`gpu_matmul`)
     analytic: tuple[str, ...] = ()
     # (tile kernel, the group's merged function before tiling) for every tile kernel: what a
     # tuner searches instead of the tile schedule (`auto_scheduler_ext.kernel_tuning`)
@@ -280,10 +282,12 @@ class TileGraphFusion:
         # A group whose best kernel is the analytic one (candidate None) is replaced by its
         # merged, unscheduled function, which the analytic rules schedule later exactly as
         # `time_alone` timed it; a single node left to them keeps its own call.
+        # On a GPU a lone GEMM-class node keeps its call for DLight's matmul (`gpu_matmul`).
+        peer = [g for g in plan.groups if g.candidate is None or
+                (len(g.sub.nodes) == 1 and gpu_matmul(g.sub.nodes[0].func, self.target))]
         pending = [(g.sub, g.candidate) for g in plan.groups
-                   if g.candidate is not None or len(g.sub.nodes) > 1]
-        analytic = tuple("+".join(n.name for n in g.sub.nodes) for g in plan.groups
-                         if g.candidate is None)
+                   if all(g is not p for p in peer) or len(g.sub.nodes) > 1]
+        analytic = tuple("+".join(n.name for n in g.sub.nodes) for g in peer)
         while pending:
             sub, cand = pending.pop(0)
             names = tuple(n.name for n in sub.nodes)
@@ -313,9 +317,11 @@ class TileGraphFusion:
 
     def _singles(self, graph, sub, accept=None):
         """(single-node sub-graph, its best candidate by the model that `accept`s) for each
-        node of `sub`."""
+        node of `sub` but a GEMM-class node on a GPU (`gpu_matmul`)."""
         out = []
         for node in sub.nodes:
+            if gpu_matmul(node.func, self.target):
+                continue  # keeps its call, for DLight
             single = subgraph(graph, [node.name])
             cands = subgraph_tiling(graph, single, self.device, 1, accept=accept)
             if cands:
@@ -446,6 +452,28 @@ class TileGraphFusion:
         # shared none of it.
         parts = [serial_threads(func, (2, offset)) for offset in (0, 1)]
         return check_parts(parts, graph, sub)
+
+
+def gpu_matmul(func: tirx.PrimFunc, target: tvm.target.Target) -> bool:
+    """Whether `target` is a GPU and TVM's own GPU matmul rule (`dlight.gpu.Matmul`: shared
+    memory and register tiling, vectorised loads; what TVM's default CUDA pipeline gives the
+    kernel) claims `func`. Such a node left alone by the plan keeps its call, for that rule:
+    a single-node tile kernel keeps no intermediate in shared memory, so the Welder code
+    generator only competes with DLight as a GEMM kernel, which it is not (no register
+    blocking of its own beyond one sub-tile per thread). NeRF's GEMMs as single-node tile
+    kernels (64 x 64 tiles) took 3.69 ms on an H200 against 0.33 ms for TVM's build
+    (benchmarks/cuda_device_check.md, run 3). The plan still prices the node by its best
+    tile, so its joins with neighbours are weighed as before."""
+    if "gpu" not in target.keys:
+        return False
+    from tvm.s_tir import dlight as dl
+
+    try:
+        with target:
+            return dl.gpu.Matmul().apply(func.with_attr("global_symbol", "main"), target,
+                                         False) is not None
+    except Exception:  # pylint: disable=broad-except  # a rule that fails claims nothing
+        return False
 
 
 def replace_groups(mod: ir.IRModule, graph: TileGraph, replacements) -> ir.IRModule:
