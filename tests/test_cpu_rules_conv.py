@@ -13,7 +13,7 @@ from conftest import run_vm
 from tvm.script import tirx as T
 from tvm_einweld.tir_passes.deinterleave import TIR_PIPELINE
 from tvm_einweld.tir_passes.device import host_target
-from tvm_einweld.tir_passes.rules.cpu import conv
+from tvm_einweld.tir_passes.rules.cpu import conv, gemm
 from tvm_einweld.tir_passes.rules.cpu.apply import cpu_gemm_pipeline, prepack_weights
 from tvm_einweld.tir_passes.rules.cpu.isa import VectorISA
 
@@ -268,6 +268,7 @@ def test_positions_outer_schedule_against_numpy(monkeypatch):
     numpy. The order is forced: whether the rule picks it depends on the host's register
     block and caches (the decision is tested above on fixed shapes and caches)."""
     monkeypatch.setattr(conv, "positions_outer", lambda *args: True)
+    monkeypatch.setattr(conv, "copy_band", lambda *args: None)  # the order without bands
     x_shape, w_shape = (1, 64, 32, 32), (64, 64, 3, 3)
     x = RNG.standard_normal(x_shape).astype("float32")
     w = RNG.standard_normal(w_shape).astype("float32")
@@ -344,9 +345,12 @@ def _legalized_conv(name):
 @pytest.mark.parametrize("name,in_channel_loop", [("depthwise_28", True),
                                                    ("depthwise_one_channel_pair", False),
                                                    ("3x3", False)])
-def test_depthwise_pads_each_plane_inside_its_parallel_channel_loop(name, in_channel_loop):
+def test_depthwise_pads_each_plane_inside_its_parallel_channel_loop(name, in_channel_loop,
+                                                                  monkeypatch):
     """Depthwise: the padding copy shares the kernel's parallel loop (one plane per channel,
-    kept in L1); too few channels to feed every core, or a dense conv: one whole copy."""
+    kept in L1); too few channels to feed every core, or a dense conv without row bands
+    (`copy_band`, tested below): one whole copy."""
+    monkeypatch.setattr(conv, "copy_band", lambda *args: None)
     sch = conv.schedule_conv(_legalized_conv(name), TARGET)
     (pad,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
               if sch.get(b).name_hint.startswith("pad_temp")]  # (its row loop's pieces inside)
@@ -356,6 +360,71 @@ def test_depthwise_pads_each_plane_inside_its_parallel_channel_loop(name, in_cha
                  for b in sch.get_child_blocks(sch.get_sblock("root"))
                  if "conv" in sch.get(b).name_hint)
     assert shared == in_channel_loop
+
+
+def test_copy_band_sizes():
+    """Row tiles per band of the padded copy: the largest band whose copy fits half of L2,
+    with the bands spread evenly over the cores, TILES_PER_CORE or more each; none where the
+    weights do not stay in L2 or the map is too short for enough bands."""
+    caches = gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
+    block = conv.ConvBlock(7, 2, 16, 16)
+
+    def shape(channels, size, kernel=(3, 3), dilation=(1, 1)):
+        return conv.ConvShape(1, 21, size, size, "float32", (1, 3, 7, 21),
+                              conv.ConvWindow(channels, kernel, (1, 1), dilation))
+
+    row = 21 * 226 * 4  # one padded input row, every channel
+    # GCN's 3x3 at 224x224: 112 row tiles; 14 per band (8 bands, 30 rows = 570 KiB).
+    assert conv.copy_band(shape(21, 224), block, caches, 2, 4 * 21 * 21 * 9, row) == 14
+    # A fatter input row: the copy limit binds first.
+    assert conv.copy_band(shape(21, 224), block, caches, 2, 4 * 21 * 21 * 9, 8 * row) == 2
+    # Three cores: the band count must divide among them (112 / 3 does not, 56 / ... either).
+    assert conv.copy_band(shape(21, 224), block, caches, 3, 4 * 21 * 21 * 9, row) is None
+    # Weights beyond half of L2 would be read again by every band.
+    assert conv.copy_band(shape(21, 224), block, caches, 2, caches.l2, row) is None
+    # A 14x14 map has 7 row tiles: too few bands.
+    assert conv.copy_band(shape(21, 14), block, caches, 2, 4 * 21 * 21 * 9, row) is None
+    # A dilated window's halo counts: 2t + 4 rows of a fat row, against 2t + 2 above.
+    assert conv.copy_band(shape(21, 224, dilation=(2, 2)), block, caches, 2, 4 * 21 * 21 * 9,
+                          8 * row) == 1
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((2, 8, 11, 13), (12, 8, 3, 3), dict(padding=1)),
+    ((1, 4, 12, 17), (6, 4, 3, 3), dict(padding=2, dilation=2)),
+    ((1, 8, 10, 10), (16, 4, 3, 3), dict(padding=1, groups=2)),
+    ((1, 6, 9, 20), (7, 6, 1, 15), dict(padding=(0, 7))),
+    ((1, 8, 7, 7), (48, 8, 3, 3), dict(padding=1)),
+], ids=["3x3_batch2_odd", "dilated", "groups", "1x15", "channels_in_lanes"])
+def test_banded_padded_copy_against_numpy(monkeypatch, x_shape, w_shape, attrs):
+    """The padded copy made band by band inside the parallel loop (every row tile a band,
+    forced: which shapes get bands depends on the host's caches and cores), against numpy:
+    each band's copy covers its halo rows, in odd sizes, dilated, grouped, with a 1x15
+    window and with channels in the lanes."""
+    monkeypatch.setattr(conv, "copy_band", lambda *args: 1)
+    x = RNG.standard_normal(x_shape).astype("float32")
+    w = RNG.standard_normal(w_shape).astype("float32")
+    b = RNG.standard_normal(w_shape[0]).astype("float32")
+    mod = conv_module(x_shape, w, bias=b, relu=True, **attrs)
+    with TARGET:
+        from tvm.relax.backend.cpu_generic import pipeline as cpu
+        low = tvm.transform.Sequential(cpu.legalize_passes(TARGET))(mod)
+    (func,) = [f for f in low.functions.values() if isinstance(f, tirx.PrimFunc)]
+    sch = conv.schedule_conv(func, TARGET)
+    (pad,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+              if sch.get(b).name_hint.startswith("pad_temp")]  # its row pieces inside
+    outer = sch.get(sch.get_loops(pad)[0])
+    (update,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+                 if sch.get(b).name_hint.endswith("conv2d_nchw_update")]
+    conv_outer = sch.get(sch.get_loops(update)[0])
+    assert outer.kind == tirx.ForKind.PARALLEL and outer.same_as(conv_outer)
+    direct = tvm_einweld.pipeline(TARGET, derive_options={"winograd": False})
+    pad = attrs["padding"]
+    ref = numpy_conv2d(x, w, pad=pad, dilation=attrs.get("dilation", 1),
+                       groups=attrs.get("groups", 1))
+    np.testing.assert_allclose(run(mod, x, direct),
+                               np.maximum(ref + b.reshape(1, -1, 1, 1), 0), rtol=1e-4,
+                               atol=1e-4)
 
 
 def _pad_blocks(sch):
