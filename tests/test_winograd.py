@@ -66,6 +66,7 @@ def test_transform_kernels_match_numpy(alg, lanes, data, dtype, rng):
                 d = x[b, :, ty * m:ty * m + a, tx * m:tx * m + a].astype(float)
                 want[:, :, (b * th + ty) * tw + tx] = \
                     np.einsum("ip,cpq,jq->ijc", bt, d, bt).reshape(a * a, c)
+    want = want.transpose(1, 0, 2)  # V is stored [c, (i, j), t]
     got = _call(W.input_transform(plan), x, out_shape=want.shape, dtype=dtype)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 

@@ -10,9 +10,9 @@ of outputs from an a x a tile of inputs (a = m + r - 1) with a^2 multiplications
 output channel) pair instead of m^2 r^2: 2.25x fewer for F(2, 3), 4x for F(4, 3). In tensor
 form, with T = N * ceil(OH / m) * ceil(OW / m) tiles:
 
-    V[(i, j), c, t] = (B^T d_{c,t} B)[i, j]           input transform (memory-bound)
+    V[c, (i, j), t] = (B^T d_{c,t} B)[i, j]           input transform (memory-bound)
     U[(i, j), f, c] = (G w_{f,c} G^T)[i, j]           weight transform (constant: folded)
-    M[(i, j), f, t] = sum_c U[(i, j), f, c] V[(i, j), c, t]   a^2 matmuls (the FLOPs)
+    M[(i, j), f, t] = sum_c U[(i, j), f, c] V[c, (i, j), t]   a^2 matmuls (the FLOPs)
     y_{f,t}         = A^T M[., f, t] A                 output transform (memory-bound)
 
 where d_{c,t} is tile t's a x a input window of channel c (the input zero-padded by the
@@ -22,7 +22,12 @@ matmul is a predefined operator (the analytic GEMM kernel, its constant U packed
 time); the two transforms are eOperators written here as scheduled TIR (`input_transform`,
 `output_transform`): parallel over (n, channel), tile columns in vector lanes, the a x a
 window's two linear stages unrolled with the matrices' constants folded into adds and
-scalings. `plans` offers one algorithm per convolution, by a roofline bound that charges the
+scalings. V is stored channel-major, [c, (i, j), t]: one tile vector's a^2 values then land
+a row of T apart, in distinct L1 sets. As [(i, j), c, t] they were C * T * 4 bytes apart, a
+multiple of 4 KiB when C = 512 (CSRNet), all in one set, each line written a vector at a
+time and evicted between: that transform took 318 us, 183 us channel-major (65 -> 11 us on
+one phase); the batched matmul reads either order through its pack of V (an einsum).
+`plans` offers one algorithm per convolution, by a roofline bound that charges the
 matmul's panels and U's bytes (F(4, 3) on 56x56 maps, F(2, 3) where F(4, 3)'s few tiles
 would leave the matmul's panels empty); the derivation pass times it against the direct
 convolution and keeps it only when faster.
@@ -301,18 +306,18 @@ def _input_kernel(alg: Algorithm, dtype: str, lanes: int) -> tvm.tirx.PrimFunc:
     lines = _staged(
         alg.bt, alg.bt, lambda p, q: f"x[nc // c, nc % c, ty * {m} + {p}, tx * {m} + {q}]",
         (a, a), dtype,
-        lambda i, j: f"v[{i * a + j}, nc % c, nc // c * {th} * {tw} + ty * {tw} + tx]")
-    return _kernel([("x", "n, c, hp, wp"), ("v", "k2, c, t")], dtype, lanes, "n * c", th, tw,
+        lambda i, j: f"v[nc % c, {i * a + j}, nc // c * {th} * {tw} + ty * {tw} + tx]")
+    return _kernel([("x", "n, c, hp, wp"), ("v", "c, k2, t")], dtype, lanes, "n * c", th, tw,
                    (a, a), lines)
 
 
 def input_transform(conv: "WinogradConv") -> tvm.tirx.PrimFunc:
-    """V[(i, j), c, t] = (B^T d_{c,t} B)[i, j] for every tile t = (n, ty, tx) of the padded
+    """V[c, (i, j), t] = (B^T d_{c,t} B)[i, j] for every tile t = (n, ty, tx) of the padded
     input (`padded_input_shape`): the a x a window's rows (B^T d), then its columns, unrolled,
     the constant coefficients folded into adds and scalings."""
     a, (n, c, _, _), (th, tw) = conv.alg.alpha, conv.data, conv.tiles
     return _specialised(_input_kernel(conv.alg, conv.out_dtype, _width(conv)), conv.out_dtype,
-                        padded_input_shape(conv), (a * a, c, n * th * tw))
+                        padded_input_shape(conv), (c, a * a, n * th * tw))
 
 
 @functools.lru_cache(maxsize=None)
@@ -374,14 +379,14 @@ def emit(bb: relax.BlockBuilder, x: relax.Expr, w: relax.Expr, conv: WinogradCon
     _, _, hp, wp = padded_input_shape(conv)
     xp = bb.emit(relax.op.nn.pad(x, [0, 0, 0, 0, top, hp - h - top, left, wp - wd - left]))
     v = bb.emit(relax.call_tir(bb.add_func(input_transform(conv), f"{tag}_input"), [xp],
-                               relax.TensorType((a * a, c, tiles), dtype)))
+                               relax.TensorType((c, a * a, tiles), dtype)))
     # U_ij = (G w G^T)_ij: constant weights make it a folded constant.
     g = _constant(alg.g, dtype)
     u = bb.emit(relax.op.matmul(g, w))  # [F, C, a, r]
     u = bb.emit(relax.op.matmul(u, relax.op.permute_dims(g, [1, 0])))  # [F, C, a, a]
     u = bb.emit(relax.op.permute_dims(u, [2, 3, 0, 1]))
     u = bb.emit(relax.op.reshape(u, (a * a, f, c)))
-    mm = bb.emit(relax.op.matmul(u, v, out_dtype=dtype))  # [a^2, F, tiles]
+    mm = bb.emit(relax.op.einsum((u, v), "kfc,ckt->kft"))  # [a^2, F, tiles]
     oh, ow = conv.out_hw
     return bb.emit(relax.call_tir(bb.add_func(output_transform(conv), f"{tag}_output"), [mm],
                                   relax.TensorType((conv.data[0], f, oh, ow), dtype)))
