@@ -283,11 +283,12 @@ class TileGraphFusion:
         # merged, unscheduled function, which the analytic rules schedule later exactly as
         # `time_alone` timed it; a single node left to them keeps its own call.
         # On a GPU a lone GEMM-class node keeps its call for DLight's matmul (`gpu_matmul`).
-        peer = [g for g in plan.groups if g.candidate is None or
-                (len(g.sub.nodes) == 1 and gpu_matmul(g.sub.nodes[0].func, self.target))]
+        peer = {id(g) for g in plan.groups if g.candidate is None or
+                (len(g.sub.nodes) == 1 and gpu_matmul(g.sub.nodes[0].func, self.target))}
         pending = [(g.sub, g.candidate) for g in plan.groups
-                   if all(g is not p for p in peer) or len(g.sub.nodes) > 1]
-        analytic = tuple("+".join(n.name for n in g.sub.nodes) for g in peer)
+                   if id(g) not in peer or len(g.sub.nodes) > 1]
+        analytic = tuple("+".join(n.name for n in g.sub.nodes) for g in plan.groups
+                         if id(g) in peer)
         while pending:
             sub, cand = pending.pop(0)
             names = tuple(n.name for n in sub.nodes)

@@ -563,7 +563,8 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     flat = _flat_positions(sch, conv, data_index, shape, isa.lanes(shape.dtype))
     if flat:
         shape = replace(shape, height=1, width=shape.height * shape.width)
-    block = block or choose_conv_block(isa, shape, gemm.cache_sizes(target))
+    caches = gemm.cache_sizes(target)
+    block = block or choose_conv_block(isa, shape, caches)
     mr = block.mr
 
     # 1. Weights: inline the flip etc., reindex to [f, c, kh, kw], pack [F/mr, c, kh, kw, mr].
@@ -653,7 +654,6 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         data_bytes, weight_bytes = (shape.itemsize * math.prod(int(d) for d in buf.shape)
                                     for buf in (reads[data_index].source,
                                                 reads[weight_index].source))
-        caches = gemm.cache_sizes(target)
         band = None
         if stride == 1 and not flat and len(producers) == 1:
             copy = sch.get(producers[0]).writes[0].source
@@ -700,8 +700,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     init = sch.decompose_reduction(conv, reduction[0])
     sch.vectorize(sch.get_loops(init)[-1])
     count = shape.channels // mr  # weight panels
-    if by_panel and count > 1 and prefetch_fits(weight_bytes // count, weight_bytes,
-                                                   gemm.cache_sizes(target)):
+    if by_panel and count > 1 and prefetch_fits(weight_bytes // count, weight_bytes, caches):
         # Each panel's first tile would fetch the whole panel at once (`prefetch`).
         per_panel = int(sch.get(tile).extent) // (shape.batch * count)
         following, share = next_panel_of_tile(sch.get(tile).loop_var, per_panel, count)
