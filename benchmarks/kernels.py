@@ -11,7 +11,9 @@ ONNX model (weights stay initializers, i.e. constants, as in the model) and run 
 
 - `einweld`: tvm_einweld's pipeline (`relax_pipeline="einweld"`: derivations, tile-graph fusion,
   the analytic CPU rules with compile-time weight packing, then TVM's lowering) on the Relax
-  module `from_onnx` makes of it;
+  module `from_onnx` makes of it, its outputs bound once (`BindOutputs`, the VM's counterpart
+  of IO binding: without it the Relax VM holds the last result while the next call allocates,
+  so two output buffers alternate and a kernel's stores miss the cache its inputs share);
 - `onnxruntime`: the same ONNX model, all graph optimisations, intra-op threads = physical cores,
   `session.intra_op.allow_spinning` = 0, inputs and outputs bound once (IO binding);
 - `numpy` (GEMM rows): `np.matmul`, or an im2col / col2im GEMM for convolutions;
@@ -311,13 +313,17 @@ class _Lazy:
         return array.astype(dtype) if dtype is not None else array
 
 
-def _tvm_run(executable, model: onnx.ModelProto, extra_args: Sequence = ()):
-    """Call `main` with the inputs converted once; outputs stay TVM tensors until read."""
+def _tvm_run(executable, model: onnx.ModelProto, extra_args: Sequence = (),
+             outputs: Sequence[tuple] = ()):
+    """Call `main` with the inputs converted once; outputs stay TVM tensors until read.
+    `outputs`: (shape, dtype) of the buffers a `BindOutputs` main takes after its inputs,
+    allocated once (as onnxruntime's IO binding: every call writes the same memory)."""
     import tvm
     from tvm import relax
 
     vm = relax.VirtualMachine(executable, tvm.cpu())
     main, names, bound = vm["main"], graph_input_names(model), {}
+    extra_args = [tvm.runtime.empty(shape, dtype) for shape, dtype in outputs] + list(extra_args)
 
     def tensors(result) -> list:
         return [result] if hasattr(result, "numpy") else [t for r in result for t in tensors(r)]
@@ -344,11 +350,13 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path):
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
     from tvm_einweld.einweld_pipeline import EinweldOptimize, lowering
+    from tvm_einweld.relay_passes.output_buffers import BindOutputs
 
     target = _host_target()
-    stages = EinweldOptimize(target)
-    pipeline = tvm.transform.Sequential([stages, lowering()])
-    run = _tvm_run(tvm.compile(from_onnx(model), target, relax_pipeline=pipeline), model)
+    stages, outputs = EinweldOptimize(target), BindOutputs()
+    pipeline = tvm.transform.Sequential([stages, outputs, lowering()])
+    run = _tvm_run(tvm.compile(from_onnx(model), target, relax_pipeline=pipeline), model,
+                   outputs=outputs.outputs["main"])
     rules = sorted(set((stages.rules.scheduled if stages.rules else {}).values()))
     tiled = list(stages.fusion.report.replaced if stages.fusion and
                  getattr(stages.fusion, "report", None) else ())
@@ -364,6 +372,7 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path):
                          fused_groups=len(fused),
                          fused_nodes=max((len(g) for g in fused), default=0),
                          dropped_stages=",".join(dropped) or "none",
+                         io_binding="yes (BindOutputs)",
                          compile_stages=", ".join(f"{k} {v:.1f}s"
                                                   for k, v in stages.stage_seconds.items()))
 
@@ -560,7 +569,8 @@ class RunnerSpec:
 # OpenBLAS must not start a pool beside TVM's in a TVM worker (bench.runners.TVM_ENVIRONMENT).
 _TVM_ENV = (("OPENBLAS_NUM_THREADS", "1"),)
 EINWELD = RunnerSpec("einweld", prepare_einweld, (GEMM, MEMORY, FUSED),
-                     'tvm.compile(mod, host_target(), relax_pipeline="einweld")', _TVM_ENV)
+                     'tvm.compile(mod, host_target(), relax_pipeline="einweld"), outputs bound '
+                     'once (BindOutputs)', _TVM_ENV)
 ONNXRUNTIME = RunnerSpec("onnxruntime", prepare_onnxruntime, (GEMM, MEMORY, FUSED),
                          "onnxruntime CPU, all graph optimisations, IO binding, no spinning")
 NUMPY = RunnerSpec("numpy", prepare_numpy, (GEMM,),

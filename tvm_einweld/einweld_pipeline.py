@@ -410,11 +410,16 @@ def lowering() -> tvm.transform.Pass:
                                      PrebuiltKernels()], name="einweld_lowering")
 
 
-def pipeline(target: TargetLike = None, **options: Any) -> tvm.transform.Pass:
+def pipeline(target: TargetLike = None, bind_outputs: bool = False,
+             **options: Any) -> tvm.transform.Pass:
     """The "einweld" Relax pipeline: `EinweldOptimize(target, **options)` then `lowering()`,
-    ready for `tvm.compile(mod, target, relax_pipeline=...)`."""
-    return tvm.transform.Sequential([EinweldOptimize(target, **options), lowering()],
-                                    name="einweld")
+    ready for `tvm.compile(mod, target, relax_pipeline=...)`. With `bind_outputs`, `main`
+    takes a buffer for each of its results after its inputs and writes them there
+    (`relay_passes.output_buffers.BindOutputs`): `vm["main"](x, out)`, no allocation per call."""
+    from .relay_passes.output_buffers import BindOutputs
+
+    stages = [EinweldOptimize(target, **options)] + ([BindOutputs()] if bind_outputs else [])
+    return tvm.transform.Sequential(stages + [lowering()], name="einweld")
 
 
 def register() -> None:

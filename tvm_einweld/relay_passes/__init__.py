@@ -33,6 +33,8 @@ Modules, one idea each:
   gather_contraction     FuseGatherIntoContraction: a gather kernel whose only user is a
                          contraction is fused into it (read through its index, not
                          materialised); run after FuseOps
+  output_buffers         BindOutputs: `main` writes its results into buffers the caller
+                         passes (destination passing, onnxruntime's IO binding)
 """
 from .boundary import BoundaryRelaxing, BoundaryTightening
 from .derivation import (
