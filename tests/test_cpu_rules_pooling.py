@@ -130,3 +130,29 @@ def test_planted_differences_are_not_claimed():
     assert pooling.match_max_pool2d(zero_padded) is None
     fused = _kernel(prepare()(_module(lambda x: R.clip(fn(x), 0, 6), (1, 2, 9, 9), "float32")))
     assert pooling.match_max_pool2d(fused) is None
+
+
+def test_vectors_are_one_register_wide():
+    """Both passes run in vectors of one register (the outputs read the rows every s-th
+    element just after they are written: see `schedule_max_pool`), however long the row."""
+    from tvm_einweld.tir_passes.rules.cpu.injective import cpu_params
+
+    mod = prepare()(_module(lambda x: R.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2),
+                                                       padding=(1, 1)), (1, 4, 112, 112),
+                            "float32"))
+    sch = pooling.schedule_max_pool(_kernel(mod), TARGET)
+    lanes = cpu_params(TARGET).lanes("float32")
+    widths = []
+
+    def visit(stmt):
+        if isinstance(stmt, tirx.SeqStmt):
+            for child in stmt.seq:
+                visit(child)
+        if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.VECTORIZED:
+            widths.append(int(stmt.extent))
+        for attr in ("block", "body", "init", "then_case", "else_case"):
+            child = getattr(stmt, attr, None)
+            if isinstance(child, tirx.Stmt):
+                visit(child)
+    visit(sch.mod["main"].body)
+    assert len(widths) >= 6 and max(widths) <= lanes < 112 // 2, widths

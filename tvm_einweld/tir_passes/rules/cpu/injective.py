@@ -480,18 +480,18 @@ def regular_segments(sch: s_tir.Schedule, block_rv, run, limit: int
     return segments
 
 
-def vectorize_segments(sch: s_tir.Schedule, block_rv, run, lanes: int, params: CpuParams
-                       ) -> None:
+def vectorize_segments(sch: s_tir.Schedule, block_rv, run, lanes: int, params: CpuParams,
+                       wide: int = WIDE_VECTORS) -> None:
     """Vectorise the innermost loop `run` of `block_rv` at element granularity: cut it into
     `regular_segments`, each regular one into pieces of whole vectors (a power of two of
-    registers, at most `WIDE_VECTORS`, which LLVM splits into register-wide operations) plus
+    registers, at most `wide`, which LLVM splits into register-wide operations) plus
     one shorter vector, and vectorise the pieces; the positions where a condition changes (a
     padded row's edges) stay scalar. (`vectorize_chunks` cuts at whole chunks instead: with a
     padded row of 29 in vectors of 16 both chunks hold an edge, and the whole row ran scalar.)
     The pieces are vectorised whole because `split` refuses a loop that does not start at 0,
     as loop_partition's pieces do. Rows of more than `MAX_PIECES` pieces go to
     `vectorize_chunks`."""
-    segments = regular_segments(sch, block_rv, run, MAX_PIECES * WIDE_VECTORS * lanes)
+    segments = regular_segments(sch, block_rv, run, MAX_PIECES * wide * lanes)
     pieces: list[tuple[int, bool]] = []  # (length, vectorised)
 
     def add(length: int, vector: bool) -> None:
@@ -502,7 +502,7 @@ def vectorize_segments(sch: s_tir.Schedule, block_rv, run, lanes: int, params: C
 
     for length, regular in segments or []:
         while regular and length >= lanes:
-            vectors = min(length // lanes, WIDE_VECTORS)
+            vectors = min(length // lanes, wide)
             take = lanes * (1 << (vectors.bit_length() - 1))  # a power of two of registers
             add(take, True)
             length -= take

@@ -187,7 +187,8 @@ def schedule_max_pool(func: tirx.PrimFunc, target: Target) -> Optional[s_tir.Sch
     Loop nest: the output's leading axes and blocks of output rows fused into one parallel
     loop; under it, the block's `pool_rows` (as many rows as keep it within TVM's stack
     allocation, so no workspace call per task), then its outputs; both vectorised along the
-    row at element granularity (`vectorize_segments`: only a padded edge column runs scalar)."""
+    row at element granularity (`vectorize_segments`: only a padded edge column runs scalar),
+    one register a vector."""
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None
     window = match_max_pool2d(func)
@@ -206,6 +207,12 @@ def schedule_max_pool(func: tirx.PrimFunc, target: Target) -> Optional[s_tir.Sch
     sch.compute_at(rows, outer)
     if params.tasks(block_bytes(sch.get(out)) + block_bytes(sch.get(rows))) > 1:
         sch.parallel(outer)
-    vectorize_segments(sch, out, x, lanes, params)
-    vectorize_segments(sch, rows, sch.get_loops(rows)[-1], lanes, params)
+    # One register a vector in both blocks: the outputs read `pool_rows` every sx-th element
+    # right after it is written, and `deinterleave`'s shuffle of a two-register strided load
+    # was lowered lane by lane; with one-register reads of two-register stores, the loads
+    # straddle stores still in flight. Max-pool 3x3/s2 64x112x112 on the Intel Xeon of
+    # session 35: 78 us two registers a vector in both, 146 us one in the outputs only,
+    # 46 us one in both.
+    vectorize_segments(sch, out, x, lanes, params, wide=1)
+    vectorize_segments(sch, rows, sch.get_loops(rows)[-1], lanes, params, wide=1)
     return sch
