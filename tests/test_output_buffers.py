@@ -79,3 +79,22 @@ def test_a_result_no_kernel_computes_is_refused():
         BindOutputs()(mod)
     with pytest.raises(Exception, match="no function 'forward'"):
         BindOutputs(("forward",))(mod)
+
+
+def test_a_buffer_of_the_wrong_shape_or_dtype_is_refused_by_name():
+    """The VM checks the new parameters like any other: a clear error naming `out0`."""
+    @tvm.script.ir_module
+    class Double:
+        @R.function
+        def main(x: R.Tensor((4,), "float32")):
+            with R.dataflow():
+                y = R.add(x, x)
+                R.output(y)
+            return y
+
+    vm = relax.VirtualMachine(tvm.compile(BindOutputs()(relax.transform.LegalizeOps()(Double)),
+                                          "llvm"), tvm.cpu())
+    x = tvm.runtime.tensor(np.ones(4, "float32"))
+    for bad in (tvm.runtime.empty((5,), "float32"), tvm.runtime.empty((4,), "float64")):
+        with pytest.raises(Exception, match="out0"):
+            vm["main"](x, bad)
