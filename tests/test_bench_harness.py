@@ -261,3 +261,30 @@ def test_measurement_settings_apply_inside_the_block_only() -> None:
     with measurement_settings(123.0):
         assert defaults() == (123.0, 123.0, build_cpu_kernel)
     assert defaults() == before == (30.0, 30, None)
+
+
+def test_the_einweld_runner_says_whether_tuned_kernels_were_used(tmp_path, monkeypatch) -> None:
+    """With trials > 0 the runner's settings line carries the pipeline's tuning summary (the
+    stage is stubbed: a pass that changes nothing and reports that no kernel beat its
+    0-trial one)."""
+    import tvm
+
+    from tvm_einweld import einweld_pipeline
+    from tvm_einweld.auto_scheduler_ext.kernel_tuning import TuningReport
+    from tvm_einweld.bench.runners import prepare_einweld
+
+    @tvm.transform.module_pass(opt_level=0, name="StubOptimize")
+    class Stub:
+        def __init__(self, target, trials=0, work_dir=None):
+            self.trials, self.layout_strategy = trials, "adaptive"
+            self.tuning_report = TuningReport(choices=(), trials=0, budget=trials)
+            self.tuned, self.tuning_check, self.tuning_seconds = False, None, None
+
+        def transform_module(self, mod, _ctx):
+            return mod
+
+    monkeypatch.setattr(einweld_pipeline, "EinweldOptimize", Stub)
+    model = build_model("infogan")
+    run = prepare_einweld(model, 8, tmp_path)
+    assert "tuned kernels NOT used: no kernel to tune" in run.settings["tuning"]
+    assert "tuning" not in prepare_einweld(model, 0, tmp_path).settings

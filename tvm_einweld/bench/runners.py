@@ -308,6 +308,10 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunF
                                  relax_pipeline=tvm.transform.Sequential([stages, lowering()]))
     run = vm_runner(executable, graph_input_names(model))
     run.stages = stages
+    if trials > 0:  # whether tuned kernels were used, in the report's settings line
+        from ..commands.demo import tuning_summary
+
+        run = with_settings(run, tuning=tuning_summary(stages))
     return run
 
 
