@@ -41,6 +41,8 @@ from typing import Dict, List
 import tvm
 from tvm import relax
 
+from ..expr.from_relax import UnsupportedOperator, static_shape
+
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
@@ -50,11 +52,6 @@ class UnboundOutput(ValueError):
 
 def _results(body: relax.Expr) -> List[relax.Expr]:
     return list(body.fields) if isinstance(body, relax.Tuple) else [body]
-
-
-def _static_tensor(ty) -> bool:
-    return (isinstance(ty, relax.TensorType) and ty.shape is not None and
-            all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values))
 
 
 def bind_outputs(func: relax.Function, name: str = "main") -> relax.Function:
@@ -82,9 +79,13 @@ def _bind(func: relax.Function, name: str) -> tuple[relax.Function, List[relax.V
                 break
             var = binding.value
         call = binding.value if binding is not None else None
-        if not (isinstance(call, relax.Call) and call.op.same_as(CALL_TIR)
-                and _static_tensor(result.ty) and len(call.ty_args) == 1
-                and isinstance(call.ty_args[0], relax.TensorType)):
+        try:
+            static_shape(result)
+            kernel = (isinstance(call, relax.Call) and call.op.same_as(CALL_TIR)
+                      and len(call.ty_args) == 1 and isinstance(call.ty_args[0], relax.TensorType))
+        except UnsupportedOperator:
+            kernel = False
+        if not kernel:
             raise UnboundOutput(f"{name}: result {i} ({result}) is not a tensor of static shape "
                                 "computed by one kernel (R.call_tir); its buffer cannot be "
                                 "passed by the caller")
@@ -124,7 +125,7 @@ class BindOutputs:
     def __init__(self, functions: tuple[str, ...] = ("main",)) -> None:
         self.functions = tuple(functions)
         # Per function, the (shape, dtype) of each buffer it now takes, in parameter order:
-        # what a caller allocates (`output_buffers`).
+        # what a caller allocates.
         self.outputs: Dict[str, List[tuple[tuple[int, ...], str]]] = {}
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -134,6 +135,5 @@ class BindOutputs:
                 raise UnboundOutput(f"the module has no function {name!r}")
             bound, buffers = _bind(mod[name], name)
             mod.update_func(mod.get_global_var(name), bound)
-            self.outputs[name] = [(tuple(int(d) for d in b.ty.shape.values), str(b.ty.dtype))
-                                  for b in buffers]
+            self.outputs[name] = [(static_shape(b), str(b.ty.dtype)) for b in buffers]
         return mod
