@@ -200,7 +200,7 @@ def test_the_derivation_is_revisited_with_tuned_times(tmp_path, monkeypatch, rng
     whole, and the faster is used: planted timings make the one without the rewrites win (or
     lose); either way the module computes what the model computes and the summary says
     which."""
-    from tvm_einweld.commands.demo import tuning_summary
+    from tvm_einweld.einweld_pipeline import tuning_summary
 
     calls = _planted_tuning(monkeypatch, lambda m: m)
     _planted_comparisons(monkeypatch, without_wins, True)  # then: it beats 0 trials
@@ -238,7 +238,7 @@ def test_a_slower_tuned_module_is_not_used(tmp_path, monkeypatch):
     """Planted timings: the tuned module measures slower than the untuned one in all rounds
     but one, so the pipeline keeps the untuned kernels (and says so)."""
 
-    from tvm_einweld.commands.demo import tuning_summary
+    from tvm_einweld.einweld_pipeline import tuning_summary
     from tvm_einweld.tir_passes import measure
 
     _planted_tuning(monkeypatch, lambda m: tvm.IRModule(dict(m.functions_items()), attrs=m.attrs))

@@ -299,7 +299,7 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunF
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
-    from ..einweld_pipeline import EinweldOptimize, lowering
+    from ..einweld_pipeline import EinweldOptimize, lowering, tuning_summary
 
     work_dir.mkdir(parents=True, exist_ok=True)
     stages = EinweldOptimize(host_target(), trials=trials, work_dir=str(work_dir))
@@ -309,8 +309,6 @@ def prepare_einweld(model: onnx.ModelProto, trials: int, work_dir: Path) -> RunF
     run = vm_runner(executable, graph_input_names(model))
     run.stages = stages
     if trials > 0:  # whether tuned kernels were used, in the report's settings line
-        from ..commands.demo import tuning_summary
-
         run = with_settings(run, tuning=tuning_summary(stages))
     return run
 

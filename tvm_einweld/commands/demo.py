@@ -99,6 +99,8 @@ def show_expressions(mod, seed: int) -> int:
 
 def show_stages(stages) -> None:
     """Section 2: what each stage of the pipeline found."""
+    from tvm_einweld.einweld_pipeline import tuning_summary
+
     from .model_input import plain_note
 
     print("Derivation search (EinNet):")
@@ -153,38 +155,6 @@ def show_stages(stages) -> None:
         spent = sum(c.seconds for c in stages.checks)
         print("Compile time by stage: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
               + f" (whole-module checks {spent:.1f} s of it)")
-
-
-def tuning_summary(stages) -> str:
-    """One line that says whether tuned kernels are used, and why not."""
-    if stages.trials <= 0:
-        return "off (0 trials)"
-    head = f"{stages.trials} trials, {stages.layout_strategy}: "
-    report = stages.tuning_report
-    if report is not None:
-        tiles = sum(c.tile for c in report.choices)
-        head += (f"{len(report.choices)} tasks ({tiles} of them tile groups), {report.trials} "
-                 f"trials spent, {report.tuned_kernels} tuned kernels faster than their "
-                 f"0-trial ones; ")
-        if not report.choices:
-            return head + (f"tuned kernels NOT used: no kernel to tune (kernels that keep "
-                           f"their schedules: {', '.join(report.not_tasks) or 'none'})")
-        if report.tuned_kernels == 0:
-            return head + "tuned kernels NOT used: none beat its 0-trial kernel"
-    if getattr(stages, "revisited", None):
-        head += stages.revisited + "; "
-    if stages.tuned:
-        untuned, tuned = stages.tuning_seconds
-        return head + (f"tuned kernels used ({tuned * 1e3:.3f} ms vs {untuned * 1e3:.3f} ms "
-                       f"untuned)")
-    check = stages.tuning_check
-    if check is not None and not check.equal:
-        return head + f"tuned kernels NOT used: the tuned module disagreed ({check.evidence})"
-    if stages.tuning_seconds is not None:
-        untuned, tuned = stages.tuning_seconds
-        return head + (f"tuned kernels NOT used: not faster ({tuned * 1e3:.3f} ms vs "
-                       f"{untuned * 1e3:.3f} ms untuned)")
-    return head + "tuned kernels NOT used (tuning produced no change)"
 
 
 def run(args: argparse.Namespace) -> int:
