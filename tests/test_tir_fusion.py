@@ -49,7 +49,22 @@ def _multi_node_groups(report):
 
 
 def test_matmul_softmax_fused_by_model_and_equal():
+    """With the analytic rules, the pair is one merged function for `rules.cpu.gemm_rows`
+    (the GEMM's micro-kernel with the softmax in its row tiles): no tile config."""
     mod, fused, report = _fuse_and_compare(workloads.matmul_softmax(256, 32, 64), measure=False)
+    assert _multi_node_groups(report), report
+    assert len(_call_tir_targets(fused)) == 1
+    (group,) = report.plan.groups
+    assert group.candidate is None and len(group.sub.nodes) == 2
+    from tvm_einweld.tir_passes.rules.cpu import schedule_cpu
+    claim = schedule_cpu(fused[_call_tir_targets(fused)[0]], tvm.target.Target("llvm"))
+    assert claim is not None and claim[0] == "gemm-rows"
+
+
+def test_matmul_softmax_tile_kernel_by_model_and_equal():
+    """Without the analytic rules, Welder's tile kernel: the matmul result in tile scratch."""
+    mod, fused, report = _fuse_and_compare(workloads.matmul_softmax(256, 32, 64), measure=False,
+                                           rules=False)
     assert _multi_node_groups(report), report
     assert len(_call_tir_targets(fused)) == 1
     kernel = fused[_call_tir_targets(fused)[0]]
@@ -206,20 +221,45 @@ def test_intermediate_read_by_a_packed_call_stays_in_memory():
     np.testing.assert_allclose(_run(fused, args), _run(mod, args), rtol=1e-4, atol=1e-4)
 
 
+def _relu_graph():
+    """matmul + ReLU with matmul_softmax(128, 32, 64)'s signature: a planted wrong kernel."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((128, 32), "float32"))
+    b = relax.Var("b", relax.TensorType((32, 64), "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.matmul(a, b))))
+        bb.emit_func_output(out)
+    return relax.transform.LegalizeOps()(bb.get())
+
+
+def test_planted_wrong_analytic_group_is_rejected(monkeypatch):
+    """The analytic rules' kernel of a merged group (gemm_rows's matmul + softmax) is checked
+    like a tile kernel: planted to compute matmul + ReLU, the group is rejected and the
+    module keeps the two kernels, still equal."""
+    wrong = TileGraphFusion("llvm", topk=1, measure=False, rules=False)(_relu_graph())
+    wrong_kernel = wrong[_call_tir_targets(wrong)[0]]
+    from tvm_einweld.tir_passes.rules import cpu as rules_cpu
+    real = rules_cpu.schedule_cpu
+
+    def planted(func, target, families=None):
+        claim = real(func, target, families)
+        return (claim[0], wrong_kernel) if claim and claim[0] == "gemm-rows" else claim
+
+    monkeypatch.setattr(rules_cpu, "schedule_cpu", planted)
+    mod = relax.transform.LegalizeOps()(workloads.matmul_softmax(128, 32, 64))
+    fuse = TileGraphFusion("llvm", topk=1, measure=False)
+    out = fuse(mod)
+    assert fuse.report.rejected and "max abs error" in fuse.report.rejected[0][1]
+    assert not _multi_node_groups(fuse.report)
+    args = _random_args(mod)
+    np.testing.assert_allclose(_run(out, args), _run(mod, args), rtol=1e-4, atol=1e-4)
+
+
 def test_planted_wrong_kernel_is_rejected(monkeypatch):
     # Every kernel the factory hands out computes matmul+ReLU instead of matmul+softmax: the check
     # on random inputs must catch it and leave the module as it was.
-    def relu_graph():
-        bb = relax.BlockBuilder()
-        a = relax.Var("a", relax.TensorType((128, 32), "float32"))
-        b = relax.Var("b", relax.TensorType((32, 64), "float32"))
-        with bb.function("main", [a, b]):
-            with bb.dataflow():
-                out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.matmul(a, b))))
-            bb.emit_func_output(out)
-        return relax.transform.LegalizeOps()(bb.get())
-
-    wrong = TileGraphFusion("llvm", topk=1, measure=False)(relu_graph())
+    wrong = TileGraphFusion("llvm", topk=1, measure=False)(_relu_graph())
     wrong_kernel = wrong[_call_tir_targets(wrong)[0]]
     real_kernel = fusion_mod.KernelFactory.kernel
     mod = relax.transform.LegalizeOps()(workloads.matmul_softmax(128, 32, 64))
@@ -227,7 +267,8 @@ def test_planted_wrong_kernel_is_rejected(monkeypatch):
     monkeypatch.setattr(fusion_mod.KernelFactory, "kernel",
                         lambda self, sub, config, inner=(): wrong_kernel if len(sub.nodes) == 2
                         else None)
-    fuse = TileGraphFusion("llvm", topk=1, measure=False)
+    # (The tile kernels' path: with the analytic rules the pair is gemm_rows's, no tile config.)
+    fuse = TileGraphFusion("llvm", topk=1, measure=False, rules=False)
     out = fuse(mod)
     assert fuse.report.rejected and not fuse.report.replaced
     assert "max abs error" in fuse.report.rejected[0][1]
@@ -239,7 +280,7 @@ def test_planted_wrong_kernel_is_rejected(monkeypatch):
         fusion_mod.KernelFactory, "kernel",
         lambda self, sub, config, inner=(): wrong_kernel if len(sub.nodes) == 2
         else real_kernel(self, sub, config, inner))
-    fuse = TileGraphFusion("llvm", topk=1, measure=False)
+    fuse = TileGraphFusion("llvm", topk=1, measure=False, rules=False)
     out = fuse(mod)
     assert sorted(fuse.report.replaced) == sorted((n.name,) for n in
                                                   fusion_mod.build_tile_graph(mod).nodes)

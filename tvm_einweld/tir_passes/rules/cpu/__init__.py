@@ -1,5 +1,6 @@
 """CPU (llvm target) schedule rules, analytic and near the machine's limits without tuning:
-convolutions (conv.py), the GEMM class (gemm.py), memory-bound kernels (memory_bound.py and
+convolutions (conv.py), the GEMM class (gemm.py; with a row epilogue such as softmax or
+LayerNorm in its tiles, gemm_rows.py), memory-bound kernels (memory_bound.py and
 the injective / reduction / fast_math modules it uses); compile-time weight packing in apply.py.
 
     mod = ApplyCPURules(target)(mod)     # after LegalizeOps / FuseOps / FuseTIR
@@ -27,6 +28,7 @@ from .. import is_scheduled, mark_scheduled
 from .conv import Conv2D
 from .fast_math import rewrite_fast_math
 from .gemm import GEMM
+from .gemm_rows import GemmRows
 from .isa import VectorISA, vector_isa
 from .memory_bound import schedule_memory_bound
 
@@ -56,6 +58,7 @@ def dlight_family(rule: ScheduleRule, name: Optional[str] = None) -> Family:
 CPU_RULE_FAMILIES: Tuple[Tuple[str, Family], ...] = (
     ("conv", dlight_family(Conv2D(), "conv")),
     ("gemm", dlight_family(GEMM(), "gemm")),
+    ("gemm-rows", dlight_family(GemmRows(), "gemm-rows")),
     ("memory-bound", schedule_memory_bound),
 )
 

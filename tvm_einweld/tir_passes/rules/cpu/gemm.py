@@ -64,6 +64,7 @@ import math
 import os
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Callable
 
 import numpy as np
 import tvm
@@ -151,6 +152,16 @@ class Tiling:
     kc: int
     columns_outer: bool = False
     panels: int = 1
+
+
+@dataclass(frozen=True)
+class RowEpilogue:
+    """Blocks after the GEMM that reduce its output's rows (`gemm_rows`): `names` are left
+    unfolded, and `join(schedule, tile)` schedules them and merges them into the (serial,
+    whole-row) tile loop, returning the loop to parallelise."""
+
+    names: frozenset
+    join: Callable[[s_tir.Schedule, s_tir.schedule.LoopRV], s_tir.schedule.LoopRV]
 
 
 @dataclass(frozen=True)
@@ -276,10 +287,7 @@ def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: in
     (`_whole_row_tiles`)."""
     size = tvm.runtime.DataType(dtype).bits // 8
     m_padded = math.ceil(m / block.mr) * block.mr
-    kc = k
-    if k * block.nr * size > caches.l2 // 2:
-        kc_max = max(MIN_KC, caches.l1 // 2 // (block.nr * size))
-        kc = _largest_divisor_at_most(k, kc_max, max(1, kc_max // 2)) or k
+    kc = k_block(block, caches, size, k)
     row_limit = caches.l2 // 2 // ((kc + block.nr) * size)
     if kc < k:
         row_limit = min(row_limit, caches.l1 // 2 // (block.nr * size))
@@ -294,6 +302,15 @@ def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: in
                                                              block.nr),
                   panels=_panels_per_tile(caches, size, batch * (m_tiled // mc), block, mc,
                                           n, k, kc, cores))
+
+
+def k_block(block: RegisterBlock, caches: CacheSizes, size: int, k: int) -> int:
+    """kc of `choose_tiles`: K whole while a K x nr panel of B fits half of L2, else the
+    largest divisor of K whose kc x nr block takes at most half of L1 (at least MIN_KC)."""
+    if k * block.nr * size <= caches.l2 // 2:
+        return k
+    kc_max = max(MIN_KC, caches.l1 // 2 // (block.nr * size))
+    return _largest_divisor_at_most(k, kc_max, max(1, kc_max // 2)) or k
 
 
 def _panels_per_tile(caches: CacheSizes, size: int, row_tiles: int, block: RegisterBlock,
@@ -485,6 +502,7 @@ class GemmMaps:
     c: tirx.IndexMap
     a_read: int
     has_i: bool = True  # False: A is a vector (M = 1)
+    c_kinds: tuple = ()  # the kind (S, I, J; T for extent 1) of each of C's dimensions
 
 
 def _classify(block: s_tir.SBlock, a_vars: set, b_vars: set, c_vars: set,
@@ -581,6 +599,8 @@ def gemm_index_maps(block: s_tir.SBlock, a_read: int | None = None, unit_j: bool
         c=make_iter_fusion_index_map(of(c_vars), [S, I, J]),
         a_read=a_read,
         has_i=any(t.kind == I for t in traits.values()),
+        c_kinds=tuple(traits[next(iter(_used_vars(r.min)))].kind if _used_vars(r.min)
+                      else IterKind.kIter_T for r in block.writes[0].region),
     )
 
 
@@ -643,17 +663,22 @@ def _crop_kept(sch: s_tir.Schedule, consumer: s_tir.schedule.SBlockRV) -> bool:
 
 
 def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
-                      padded: bool = False) -> None:
+                      padded: bool = False, keep: frozenset = frozenset()) -> None:
     """Fold the consumer graph (reindex/pad crops, epilogues) into `block`, as dlight does:
     first inline intermediate consumers forward into their own consumers (so a value read
     twice, like GELU's x * erf(x), becomes one expression), then reverse-inline the rest
     into `block`. Consumers that refuse stay at the root, still correct.
     With `padded` (the output tile has padding that a crop predicate removes), nothing is
     inlined forward into a consumer reading through composite indices (a reshape), and such
-    a consumer is reverse-inlined only where the crop provably survives (`_crop_kept`)."""
+    a consumer is reverse-inlined only where the crop provably survives (`_crop_kept`).
+    Blocks named in `keep` (a row epilogue, `gemm_rows`) are neither inlined nor inlined into.
+    """
+
+    def kept(consumer) -> bool:
+        return sch.get(consumer).name_hint in keep
 
     def foldable(consumer) -> bool:
-        return not padded or _simple_reads(sch, consumer)
+        return not kept(consumer) and (not padded or _simple_reads(sch, consumer))
 
     changed = True
     while changed:
@@ -661,14 +686,14 @@ def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
         consumers = _all_consumers(sch, block)
         for consumer in consumers:
             try:  # a handle inlined away on an earlier pass raises, like a refusal
-                if all(foldable(c) for c in sch.get_consumers(consumer)):
+                if not kept(consumer) and all(foldable(c) for c in sch.get_consumers(consumer)):
                     sch.compute_inline(consumer)
                     changed = True
             except (RuntimeError, ValueError):
                 continue
         for consumer in consumers:
             try:
-                if foldable(consumer) or _crop_kept(sch, consumer):
+                if not kept(consumer) and (foldable(consumer) or _crop_kept(sch, consumer)):
                     sch.reverse_compute_inline(consumer)
                     changed = True
             except (RuntimeError, ValueError):
@@ -785,22 +810,27 @@ def well_formed(sch: s_tir.Schedule | None) -> s_tir.Schedule | None:
 
 
 def flat_lowering() -> tvm.transform.Pass:
-    """The start of TVM's own lowering, block lowering up to buffer flattening."""
+    """The start of TVM's own lowering (`default_s_tir_pipeline`'s passes that apply to a CPU
+    function), block lowering up to buffer flattening. Its simplification matters: without
+    it, FlattenBuffer divided by zero on index expressions like `(t + 0) - t` that region
+    compaction leaves (a GEMM with a softmax merged into its tiles), which TVM's own
+    pipeline simplifies away first."""
     from tvm.s_tir import transform as st  # pylint: disable=import-outside-toplevel
 
     return tvm.transform.Sequential([
         st.CanonicalizeLoop(), st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
         st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerMatchBuffer(),
-        st.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
+        st.StmtSimplify(), st.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
     ])
 
 
-def analyse(func: tirx.PrimFunc) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockRV, GemmShape
-                                          ] | None:
+def analyse(func: tirx.PrimFunc, find=find_gemm_block
+            ) -> tuple[s_tir.Schedule, s_tir.schedule.SBlockRV, GemmShape] | None:
     """Normalise a matmul-class function. Returns the schedule (producers inlined, block
-    reindexed to (S, I, J, K)), the reduction block and the problem shape; None if no match."""
+    reindexed to (S, I, J, K)), the reduction block and the problem shape; None if no match.
+    `find(schedule)` picks the reduction block (`gemm_rows` allows a row epilogue)."""
     sch = s_tir.Schedule(func)
-    main = find_gemm_block(sch)
+    main = find(sch)
     if main is None:
         return None
     _inline_producers(sch, main)
@@ -871,10 +901,14 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
 
 
 def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: GemmShape,
-                    tiling: Tiling, func: tirx.PrimFunc, target: Target
-                    ) -> tuple[s_tir.Schedule, bool]:
+                    tiling: Tiling, func: tirx.PrimFunc, target: Target,
+                    rows: "RowEpilogue | None" = None) -> tuple[s_tir.Schedule, bool]:
     """Steps 2-4 of the module docstring on `analyse`'s schedule; and whether a consumer of
-    the padded output stayed a separate pass."""
+    the padded output stayed a separate pass.
+    With `rows` (a row epilogue, `gemm_rows`), a parallel tile is whole rows: it runs over
+    the (S, I) row tiles only, every column panel inside it; the epilogue's blocks are not
+    folded, `rows.join` puts them into the tile loop before it is parallelised, and no
+    prefetch is planned."""
     mr, nr, lanes = tiling.block.mr, tiling.block.nr, tiling.block.lanes
 
     # Step 2: pad I to whole row tiles and J to whole panels (no-op axes are left alone, so
@@ -920,18 +954,23 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     accumulator = sch.cache_write(main, 0, accumulator_scope(accumulator_rows * nr,
                                                              shape.dtype))
     sch.reverse_compute_at(accumulator, accumulator_at, preserve_unit_loops=True)
-    _inline_consumers(sch, accumulator, padded=bool(pad_m or pad_n))
-    leftover = bool(pad_m or pad_n) and bool(_all_consumers(sch, accumulator))
-    tile = sch.fuse(s, *outer)
-    sch.parallel(tile)
-    schedule_leftover_consumers(sch, accumulator, target)
+    keep = rows.names if rows is not None else frozenset()
+    _inline_consumers(sch, accumulator, padded=bool(pad_m or pad_n), keep=keep)
+    leftover = bool(pad_m or pad_n) and any(sch.get(c).name_hint not in keep
+                                            for c in _all_consumers(sch, accumulator))
+    if rows is None:
+        tile = sch.fuse(s, *outer)
+        sch.parallel(tile)
+        schedule_leftover_consumers(sch, accumulator, target)
+    elif not leftover:  # (with a leftover pass the caller refuses the schedule)
+        sch.parallel(rows.join(sch, sch.fuse(s, outer[0])))
     sch.unroll(i_reg)
     sch.unroll(j_vec)
     sch.vectorize(j_lane)
     _vectorize_inner(sch, accumulator, lanes)
     init = sch.decompose_reduction(main, k_outer)
     _vectorize_inner(sch, init, lanes)
-    if tiling.kc >= shape.k:
+    if tiling.kc >= shape.k and rows is None:
         sch = _prefetch_following_tile(sch, tile, i_block, j_panel, k_inner, b_block,
                                        shape.batch, tiling, cache_sizes(target))
     return sch, leftover

@@ -300,6 +300,72 @@ def _merge_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, rows: int):
     return sch.fuse(*loops) if rows > 1 else loops[0]
 
 
+def schedule_rows(sch: s_tir.Schedule, names: list, rows: int, params: CpuParams,
+                  ragged_func: tirx.PrimFunc | None = None):
+    """Put the blocks `names` (program order; the last one, the anchor, indexes its first
+    `rows` axes by row) in one fused, serial row loop and vectorise them there: reductions in
+    vector accumulators (`_rfactor`, `_tree_combine`), spatial blocks in vector chunks.
+    Returns the row loop (the caller parallelises it or merges it into another loop), or None
+    when rows are ragged and `_merge_rows` refused. With `ragged_func` (the function whose every
+    block is in `names`) rows whose length is not a multiple of the vector are vectorised
+    too (`_vectorize_partial`, `_merge_rows`); without, their reductions stay scalar. Every
+    consumer of a block in `names` must be in `names` (compute_at's condition)."""
+    anchor_name = names[-1]
+    root = sch.get_sblock("root")
+    # By sref (rfactor adds rf blocks and combine levels beside each reduction; srefs
+    # survive the changes): the root's blocks that are not to move.
+    staying = [sch.get_sref(rv) for rv in sch.get_child_blocks(root)
+               if sch.get(rv).name_hint not in names]
+    # rfactor while every block still has its own loop nest (rfactor needs the reduction block
+    # to be the first child of its loop, which compute_at would break).
+    factored = {}
+    ragged = False
+    for name in names:
+        rv = sch.get_sblock(name)
+        if is_row_reduction(sch.get(rv)):
+            rf = _rfactor(sch, rv, params.lanes(str(sch.get(rv).writes[0].source.dtype)),
+                          params.latency, ragged_func is not None)
+            if rf is not None and _predicated(sch, rf):
+                # No tree here: the partial last chunk stores its lanes one by one, and a
+                # vector load of those just-stored scalars waits for them (no store-to-load
+                # forwarding): ViT's 6x197x197 softmax ran 10 % slower with the tree.
+                _vectorize_partial(sch, rf)
+                ragged = True
+            elif rf is not None:
+                factored[sch.get(rf).name_hint] = name
+                for level in _tree_combine(sch, sch.get_sblock(name)):  # (all named <rf's>)
+                    factored[sch.get(level).name_hint] = name
+
+    anchor_rv = sch.get_sblock(anchor_name)  # after rfactor: the lanes' final combine
+    if ragged:
+        row = _merge_rows(sch, ragged_func, rows)
+        if row is None:
+            return None
+    else:
+        anchor_loops = sch.get_loops(anchor_rv)
+        row = sch.fuse(*anchor_loops[:rows]) if rows > 1 else anchor_loops[0]
+        # In reverse program order, so that each block's consumers are in the loop already.
+        for rv in reversed(sch.get_child_blocks(root)):
+            if not any(sch.get_sref(rv).same_as(other) for other in staying) and \
+                    not sch.get(rv).same_as(sch.get(anchor_rv)):
+                sch.compute_at(rv, row, preserve_unit_loops=True)
+
+    for rv in sch.get_child_blocks(row):
+        block = sch.get(rv)
+        spatial, reduce = _loops_below(sch, rv, 1)
+        if block.name_hint in factored:  # vector accumulators: [reduction chunk, lanes]
+            if len(spatial) == 1 and len(reduce) == 1:
+                sch.reorder(reduce[0], spatial[0])
+                try_vectorize(sch, spatial[0])
+        elif is_reduction(block):
+            continue  # the lanes' final combine, or a reduction rfactor refused: scalar
+        elif spatial:
+            run = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+            vectorize_chunks(sch, rv, run, params.lanes(str(block.writes[0].source.dtype)),
+                             params)
+    return row
+
+
 def _vectorize_partial(sch: s_tir.Schedule, rf_rv) -> None:
     """Vectorise the accumulators of a ragged rf block: the init moves above the chunk loop
     (decompose_reduction), which is then cut before its last, partial chunk (loop_partition);
@@ -366,52 +432,10 @@ def _schedule(func: tirx.PrimFunc, params: CpuParams, ragged_rows: bool = True
     if rows == 0:
         return None
 
-    # rfactor while every block still has its own loop nest (rfactor needs the reduction block
-    # to be the first child of its loop, which compute_at would break).
-    names = [sch.get(rv).name_hint for rv in rvs]
-    factored = {}
-    ragged = False
-    for name in names:
-        rv = sch.get_sblock(name)
-        if is_row_reduction(sch.get(rv)):
-            rf = _rfactor(sch, rv, params.lanes(str(sch.get(rv).writes[0].source.dtype)),
-                          params.latency, ragged_rows)
-            if rf is not None and _predicated(sch, rf):
-                # No tree here: the partial last chunk stores its lanes one by one, and a
-                # vector load of those just-stored scalars waits for them (no store-to-load
-                # forwarding): ViT's 6x197x197 softmax ran 10 % slower with the tree.
-                _vectorize_partial(sch, rf)
-                ragged = True
-            elif rf is not None:
-                factored[sch.get(rf).name_hint] = name
-                for level in _tree_combine(sch, sch.get_sblock(name)):  # (all named <rf's>)
-                    factored[sch.get(level).name_hint] = name
-
-    anchor_rv = sch.get_sblock(anchor_name)  # after rfactor: the lanes' final combine
-    if ragged:
-        row = _merge_rows(sch, func, rows)
-        if row is None:
-            return _schedule(func, params, ragged_rows=False)
-    else:
-        anchor_loops = sch.get_loops(anchor_rv)
-        row = sch.fuse(*anchor_loops[:rows]) if rows > 1 else anchor_loops[0]
-        for rv in reversed(sch.get_child_blocks(root)):
-            if not sch.get(rv).same_as(sch.get(anchor_rv)):
-                sch.compute_at(rv, row, preserve_unit_loops=True)
-
-    for rv in sch.get_child_blocks(row):
-        block = sch.get(rv)
-        spatial, reduce = _loops_below(sch, rv, 1)
-        if block.name_hint in factored:  # vector accumulators: [reduction chunk, lanes]
-            if len(spatial) == 1 and len(reduce) == 1:
-                sch.reorder(reduce[0], spatial[0])
-                try_vectorize(sch, spatial[0])
-        elif is_reduction(block):
-            continue  # the lanes' final combine, or a reduction rfactor refused: scalar
-        elif spatial:
-            run = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-            vectorize_chunks(sch, rv, run, params.lanes(str(block.writes[0].source.dtype)),
-                             params)
+    row = schedule_rows(sch, [sch.get(rv).name_hint for rv in rvs], rows, params,
+                        func if ragged_rows else None)
+    if row is None:
+        return _schedule(func, params, ragged_rows=False)
     if params.tasks(block_bytes(anchor)) > 1 and loop_extent(sch, row) > 1:
         sch.parallel(row)
     return sch
