@@ -246,6 +246,18 @@ def _gemm_layer_norm(g: _Graph) -> Optional[list]:
     return [node, *region]
 
 
+def _attention(g: _Graph) -> Optional[list]:
+    """The first softmax with the scaled score MatMul before it and the MatMul by V after it
+    (Q K^T * scale -> Softmax -> . V, the heads batched)."""
+    norm = _first(g, lambda n: n.op_type == "Softmax")
+    scale = norm and g.producer.get(norm.input[0])
+    scores = scale and scale.op_type in ("Mul", "Div") and g.producer.get(scale.input[0])
+    values = norm and _first(g, lambda n: n.op_type == "MatMul" and n.input[0] == norm.output[0])
+    if not scores or scores.op_type != "MatMul" or values is None:
+        return None
+    return [scores, scale, norm, values]
+
+
 MEMORY_REGIONS: tuple[tuple[str, str, str, Callable[[_Graph], Optional[list]]], ...] = (
     (MEMORY, "GELU (erf) {}", "bert", _gelu),
     (MEMORY, "LayerNorm {}", "bert", _single("LayerNormalization")),
@@ -257,6 +269,7 @@ MEMORY_REGIONS: tuple[tuple[str, str, str, Callable[[_Graph], Optional[list]]], 
         "Transpose", lambda g, n: list(_attrs(n)["perm"]) == [0, 2, 1, 3]
         and g.shape(n.input[0])[1] > g.shape(n.input[0])[2])),
     (FUSED, "MatMul+bias+residual+LayerNorm {}", "bert", _gemm_layer_norm),
+    (FUSED, "Attention QK^T+softmax+.V {}", "bert", _attention),
 )
 
 
@@ -271,8 +284,8 @@ def memory_kernels(graphs: Mapping[str, _Graph]) -> list[Kernel]:
         described = _x(d for d in shape if d > 1)
         if nodes[-1].op_type == "Transpose":
             described += "->" + _x(d for d in g.shape(nodes[-1].output[0]) if d > 1)
-        if section == FUSED:
-            described = f"{_x(shape[-2:])} . {_x(g.shape(nodes[0].input[1]))}"
+        if section == FUSED:  # named by the product it starts with
+            described = _contraction_label(g, nodes[0]).removeprefix("MatMul ")
         kernels.append(_kernel(g, nodes, section, label.format(described), ((name, 1),)))
     return kernels
 
