@@ -88,6 +88,30 @@ def check_inside_output(sch, m, n, k):
     assert (whole[m:] == 12345.0).all(), "the kernel wrote past the end of C"
 
 
+@pytest.mark.parametrize("m,tiling", [
+    (197, None),  # ViT's rows: the plan pads M to whole register blocks
+    (61, gemm.Tiling(gemm.RegisterBlock(12, 2, 16), mc=24, kc=40)),  # K split, 3 row tiles
+])
+def test_padded_rows_read_a_in_place(m, tiling):
+    """With M padded, A is not copied: the micro-kernel reads the function's A itself, its
+    padded rows clamped to the last (`clamp_padded_rows`); results as numpy's, nothing
+    written past C."""
+    n, k = 40, 80
+    func = te_matmul(m, n, k)
+    sch = gemm.schedule_gemm(func, TARGET, tiling) if tiling else gemm.GEMM().apply(
+        func, TARGET, False)
+    plan = tiling or gemm.plan(gemm.analyse(func)[2], TARGET)
+    assert m % plan.block.mr or m % plan.mc, "the case must pad M"
+    func = sch.mod["main"]
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    update = next(b for b in blocks if any(int(iv.iter_type) == tirx.IterVar.CommReduce
+                                           for iv in b.iter_vars) and b.init is None)
+    assert any(r.source.same_as(func.params[0]) for r in update.reads)
+    assert not any(b.name.startswith("A") and "pad" in b.name
+                   for b in func.body.block.alloc_buffers), "a padded copy of A was made"
+    check_inside_output(sch, m, n, k)
+
+
 def _reshape_after_conv():
     x = te.placeholder((1, 8, 10, 10), name="x")
     w = te.placeholder((8, 8, 1, 1), name="w")

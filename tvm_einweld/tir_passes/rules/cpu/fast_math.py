@@ -233,46 +233,41 @@ FAST_MATH: dict[str, Callable[[tirx.Expr, MathOptions], tirx.Expr]] = {
 
 
 # ------------------------------------------------------------------------------------ rewrite
-class _Rewriter:
-    """Rebuilds the statements and expressions of an unlowered (or scheduled) PrimFunc with the
-    calls of `FAST_MATH` replaced. Nodes it does not know are kept as they are, which only means
-    a call inside them stays a libm call (still correct)."""
+class ExprRewriter:
+    """Rebuilds the statements and expressions of an unlowered (or scheduled, block-form)
+    PrimFunc bottom-up, each expression passed to `visit` once its operands are rebuilt; the
+    base keeps every node. Nodes it does not know are kept as they are, expressions under
+    them unvisited (for the fast-math rewrite that only means a call stays a libm call, still
+    correct). `rewrite(func)` returns the function with the rewritten body."""
 
-    def __init__(self, options: MathOptions) -> None:
-        self.options = options
-        self.replaced = 0
+    def visit(self, e: tirx.Expr) -> tirx.Expr:
+        return e
+
+    def rewrite(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
+        body = self.stmt(func.body)
+        return func if body.same_as(func.body) else func.with_body(body)
 
     # expressions
     def expr(self, e: tirx.Expr) -> tirx.Expr:
         if isinstance(e, ir.Call) and isinstance(e.op, ir.Op):
             args = [self.expr(a) for a in e.args]
-            fast = FAST_MATH.get(e.op.name)
-            if fast is not None and str(e.ty) == F32 and len(args) == 1:
-                self.replaced += 1
-                return fast(args[0], self.options)
             if any(not a.same_as(b) for a, b in zip(args, e.args)):
-                return ir.Call(e.op, args, ret_ty=e.ty)
-            return e
-        if isinstance(e, (BinaryOpExpr, CmpExpr, LogicalExpr)) and not isinstance(e, tirx.Not):
+                e = ir.Call(e.op, args, ret_ty=e.ty)
+        elif isinstance(e, (BinaryOpExpr, CmpExpr, LogicalExpr)) and not isinstance(e, tirx.Not):
             a, b = self.expr(e.a), self.expr(e.b)
-            if isinstance(e, tirx.Div) and str(e.ty) == F32:
-                reciprocal = reciprocal_of(b)
-                if reciprocal is not None:
-                    self.replaced += 1
-                    return a * reciprocal
-            return e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
-        if isinstance(e, tirx.Select):
+            e = e if a.same_as(e.a) and b.same_as(e.b) else type(e)(a, b)
+        elif isinstance(e, tirx.Select):
             c, t, f = self.expr(e.condition), self.expr(e.true_value), self.expr(e.false_value)
-            return tirx.Select(c, t, f)
-        if isinstance(e, tirx.Cast):
-            return tirx.Cast(str(e.ty), self.expr(e.value))
-        if isinstance(e, tirx.Let):
-            return tirx.Let(e.var, self.expr(e.value), self.expr(e.body))
-        if isinstance(e, tirx.Not):
-            return tirx.Not(self.expr(e.a))
-        if isinstance(e, ir.TensorLoad):
-            return tirx.BufferLoad(e.source, [self.expr(i) for i in e.indices])
-        return e
+            e = tirx.Select(c, t, f)
+        elif isinstance(e, tirx.Cast):
+            e = tirx.Cast(str(e.ty), self.expr(e.value))
+        elif isinstance(e, tirx.Let):
+            e = tirx.Let(e.var, self.expr(e.value), self.expr(e.body))
+        elif isinstance(e, tirx.Not):
+            e = tirx.Not(self.expr(e.a))
+        elif isinstance(e, ir.TensorLoad):
+            e = tirx.BufferLoad(e.source, [self.expr(i) for i in e.indices])
+        return self.visit(e)
 
     # statements
     def stmt(self, s: tirx.Stmt) -> tirx.Stmt:
@@ -298,6 +293,28 @@ class _Rewriter:
         if isinstance(s, tirx.Evaluate):
             return tirx.Evaluate(self.expr(s.value))
         return s
+
+
+class _Rewriter(ExprRewriter):
+    """The calls of `FAST_MATH` replaced by their formulas, float32 divisions by a
+    reciprocal where `reciprocal_of` finds one; `replaced` counts them."""
+
+    def __init__(self, options: MathOptions) -> None:
+        self.options = options
+        self.replaced = 0
+
+    def visit(self, e: tirx.Expr) -> tirx.Expr:
+        if isinstance(e, ir.Call) and isinstance(e.op, ir.Op):
+            fast = FAST_MATH.get(e.op.name)
+            if fast is not None and str(e.ty) == F32 and len(e.args) == 1:
+                self.replaced += 1
+                return fast(e.args[0], self.options)
+        elif isinstance(e, tirx.Div) and str(e.ty) == F32:
+            reciprocal = reciprocal_of(e.b)
+            if reciprocal is not None:
+                self.replaced += 1
+                return e.a * reciprocal
+        return e
 
 
 def rewrite_fast_math(func: tirx.PrimFunc, target: "tvm.target.Target | None" = None

@@ -19,8 +19,10 @@ The schedule (BLIS-like, one register block per micro-kernel)
 --------------------------------------------------------------
 1. Normalise: `reindex` A, B and C into buffers in [S, I, K] / [S, J, K] / [S, I, J] order and
    `transform_block_layout` the reduction block to iterate (S, I, J, K) (as dlight's GPU matmul).
-2. Pad: `pad_einsum` pads I to a multiple of `mr` and J to a multiple of `nr` (zero-filled copies
-   of A / B, cropped write-back of C), so the micro-kernel never needs a predicate.
+2. Pad: `pad_einsum` pads I to a multiple of `mr` and J to a multiple of `nr` (cropped
+   write-back of C; B's padding is zero-filled in its pack; A is read in place, its padded
+   rows clamped to its last row, `clamp_padded_rows`, unless its elements are gathered and
+   so copied anyway), so the micro-kernel never needs a predicate.
 3. Pack B into panels [S, J/nr, K, nr] (`transform_layout` of B's reindex/pad block): the
    micro-kernel then reads one contiguous vector stream. When B is a compile-time weight
    (listed in the PrimFunc's `layout_free_buffers`, see `AttachAttrLayoutFreeBuffers`) the
@@ -43,10 +45,11 @@ Why it is correct: every step is a TensorIR schedule primitive (reindex, transfo
 pad_einsum, split/reorder/fuse, cache_write, compute_inline, reverse_compute_at, parallel,
 vectorize, unroll, decompose_reduction); each primitive checks its own preconditions and
 preserves the function's semantics, and a primitive that refuses makes the rule return None
-(the function stays unscheduled and correct). Padded rows/columns are computed from zeros and
-never written back (pad_einsum's crop). The parallel loop only spans spatial axes, so no two
-threads touch the same output element. Step 5 adds only prefetch hints, which change no value
-(see `prefetch`).
+(the function stays unscheduled and correct). Padded rows/columns are computed (from zeros,
+or for A's rows from its last row) and never written back (pad_einsum's crop). The parallel
+loop only spans spatial axes, so no two threads touch the same output element. Two rewrites
+are not primitives and argue for themselves: step 5 adds only prefetch hints, which change no
+value (see `prefetch`), and `clamp_padded_rows` changes only values that are discarded.
 
 Sizing (all from the target and the device model, nothing from a particular CPU):
 `choose_tiling` picks (mr, nr) and the tiles together, minimising a cycle model of the padded
@@ -74,7 +77,9 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import IterKind, IterTrait, make_iter_fusion_index_map
 from tvm.target import Target, codegen
+from tvm_ffi import structural_map
 
+from .fast_math import ExprRewriter
 from .isa import VectorISA, vector_isa
 from .prefetch import next_panel_of_tile, prefetch_fits, prefetch_next_panel
 
@@ -103,14 +108,17 @@ DEFAULT_CACHES = {
 # fewest of the cores above (Skylake, Zen 1-4; 12 on Golden Cove and Zen 5).
 DEFAULT_L1_WAYS = 8
 
-# Core-cycles to copy one element of A into its zero-padded buffer: a load and a store, the
-# read mostly from beyond L2, the write allocating a line of the copy. Measured as the gap
-# between a padded plan and an unpadded one of the same micro-kernel speed: NeRF's
-# 4096x256 . 256x256 with 14 x 2 blocks (M padded to 4116, A copied at every call) 1892 us,
-# the unpadded problem (M = 4116) 1735 us, 4096 x 256 elements on 2 cores at ~3 GHz: 0.9
-# cycles an element (Emerald Rapids; one process, alternating). At the former estimate of 1/2
-# the plan padded M for a block the micro-kernel model ranks a few % faster; unpadded 8 x 2
-# blocks took 1719 us there, and in the models NeRF went 17.1 -> 15.7 ms, BERT 6.58 -> 6.17.
+# Core-cycles charged per element of A (and k step) when a plan pads M. It was the cost of a
+# zero-padded copy of A made at every call, measured as the gap between a padded plan and an
+# unpadded one of the same micro-kernel speed: NeRF's 4096x256 . 256x256 with 14 x 2 blocks
+# (M padded to 4116, A copied at every call) 1892 us, the unpadded problem (M = 4116) 1735
+# us, 4096 x 256 elements on 2 cores at ~3 GHz: 0.9 cycles an element (Emerald Rapids; one
+# process, alternating). A's padded rows are now read in place (`clamp_padded_rows`), so no
+# copy is made; the charge stays because the plans it keeps from padding M measured no
+# faster without the copy either: unpadded 8 x 2 blocks took 1719 us against those 1735 us,
+# where the cycle model ranks 14 x 2 about 7 % faster (it ranks tall blocks a few % too
+# high). It keeps the plans of sessions 33-35 (NeRF 17.1 -> 15.7 ms, BERT 6.58 -> 6.17 when
+# it was raised from 1/2); shapes that must pad (M = 197) gain the copy's time.
 PAD_COPY_CYCLES = Fraction(1)
 
 # Smallest K block worth splitting to: the accumulator tile is reloaded once per block.
@@ -212,7 +220,7 @@ def register_blocks(isa: VectorISA, dtype: str, m: int, n: int) -> list[Register
 
 
 def _padding_copy(m: int, m_padded: int) -> Fraction:
-    """Cycles per k step of the zero-padded copy of A that padding M to `m_padded` makes."""
+    """Cycles per k step charged for padding M to `m_padded` (`PAD_COPY_CYCLES`)."""
     return m * PAD_COPY_CYCLES if m_padded != m else Fraction(0)
 
 
@@ -221,20 +229,20 @@ def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m:
     """Register block and cache blocks together: every candidate block (`register_blocks`)
     with its tiles (`choose_tiles`), costed as what the schedule runs: the busiest core's
     share of the tiles (TVM splits the parallel loop into equal contiguous chunks) times a
-    tile's register blocks times `micro_cycles` (per k step), plus the zero-padded copy of A
-    (`PAD_COPY_CYCLES` per element and k step, shared by the cores) when M is padded; ties go
+    tile's register blocks times `micro_cycles` (per k step), plus `PAD_COPY_CYCLES` per
+    element of A and k step, shared by the cores, when M is padded; ties go
     to more accumulators. M is padded to whole row tiles, so the padding of a block's row
     tiles is charged, not only that of its register blocks: on a Zen 5 core (AVX-512) BERT's
     512 x 768 . 768 x 3072 took 14 x 2 blocks when the block was chosen alone, and row tiles
     of 140 padded M to 560 (406 GFLOP/s); chosen together, 13 x 2 in tiles of 130 (M 520) ran
     476, 8 x 3 in tiles of 128 489-506 (one process, alternating). On a shape every block
     divides (1680 x 768 . 768 x 3072) blocks from 4 x 4 to 14 x 2 measured within 4 % there.
-    With N in one vector the padding copy costs about as much per element of A as the
-    micro-kernel itself (NeRF's 4096x256 . 256x1: 14 rows and a copy of A, or 8 rows and
-    none), which keeps such products on blocks that divide M.
+    With N in one vector the padding charge weighs about as much per element of A as the
+    micro-kernel itself (NeRF's 4096x256 . 256x1: 14 rows and, then, a copy of A, or 8 rows
+    and none), which keeps such products on blocks that divide M.
     `crop_pass`: a consumer of the output reads it through composite indices that a padded
     tile's crop cannot be folded into (`_crop_kept`): padding M or N then costs a whole extra
-    pass over the padded output, at the padding copy's rate per element. MobileNetV2's 1x1
+    pass over the padded output, at `PAD_COPY_CYCLES` per element. MobileNetV2's 1x1
     32 -> 192 at 28x28 (N = 784) on a Zen 5, one process, alternating, while its epilogue
     could not be folded: 12 x 2 blocks (N padded to 800 and the extra pass) 60-66 us; the plan
     with the pass charged, 3 x 7 blocks (112 columns divide 784) in row tiles of 96, 42 us;
@@ -919,7 +927,7 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     pad_m, pad_n = -shape.m % mc, -shape.n % nr
     if pad_m or pad_n:
         sch.pad_einsum(main, [1, mc if pad_m else 1, nr if pad_n else 1, 1])
-    a_block, b_block = _operand_blocks(sch, main, pad_m > 0 or shape.a_gather, shape.a_read)
+    a_block, b_block = _operand_blocks(sch, main, shape.a_gather, shape.a_read)
 
     # Step 3: B into panels [S, J/nr, K, nr].
     sch.transform_layout(b_block, ("write", 0), lambda s, j, k: (s, j // nr, k, j % nr))
@@ -973,7 +981,42 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     if tiling.kc >= shape.k and rows is None:
         sch = _prefetch_following_tile(sch, tile, i_block, j_panel, k_inner, b_block,
                                        shape.batch, tiling, cache_sizes(target))
+    if pad_m and not shape.a_gather:
+        sch = s_tir.Schedule(clamp_padded_rows(sch.mod["main"]))
     return sch, leftover
+
+
+def clamp_padded_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Read A's padded rows as its last row instead of as zeros: every
+    `if_then_else(i < M, A[..i..], 0)` (what pad_einsum's padding of A becomes once inlined
+    into the micro-kernel) is replaced by `A[..min(i, M - 1)..]`, so no zero-padded copy of A
+    is made at every call, and no branch is left in the micro-kernel.
+    Why it is correct: in the einsum form row i of the accumulator is computed from row i of
+    A alone (I is an axis of A and C only), and the rows i >= M of the padded accumulator are
+    never written back (pad_einsum's crop, `T.where(i < M)`, guards the write-back and the
+    epilogue folded into it); so the values those rows read do not matter, and min(i, M - 1)
+    keeps every read inside A. Measured (Emerald Rapids, 2 cores, one process, alternating):
+    ViT's 197 x 384 . 384 x 384 (11 x 2 blocks, M padded to 198) 217 -> 187 us, as fast as
+    198 rows with nothing padded (187 us)."""
+    return _ClampRows().rewrite(func)
+
+
+class _ClampRows(ExprRewriter):
+    """`clamp_padded_rows`'s rewrite of one guarded load."""
+
+    def visit(self, e: tirx.Expr) -> tirx.Expr:
+        if not (isinstance(e, ir.Call) and isinstance(e.op, ir.Op)
+                and e.op.name in ("prim.if_then_else", "tirx.if_then_else")):
+            return e
+        cond, then, other = e.args
+        if not (isinstance(cond, tirx.LT) and isinstance(cond.a, tirx.Var)
+                and isinstance(cond.b, tirx.IntImm) and isinstance(then, ir.TensorLoad)
+                and isinstance(other, (tirx.FloatImm, tirx.IntImm)) and other.value == 0):
+            return e
+        row = cond.a
+        clamped = tirx.Min(row, cond.b - 1)
+        return tirx.BufferLoad(then.source, [structural_map(
+            i, [(ir.Var, lambda v: clamped if v.same_as(row) else v)]) for i in then.indices])
 
 
 def _prefetch_following_tile(sch: s_tir.Schedule, tile: s_tir.schedule.LoopRV,
