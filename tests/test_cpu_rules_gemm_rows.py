@@ -115,6 +115,20 @@ def test_refusals():
     k = caches.l2 // (4 * 8 * LANES) + LANES
     assert k * 8 * LANES * 4 > caches.l2 // 2
     assert gemm_rows.schedule_gemm_rows(layer_norm_after_gemm(32, 8 * LANES, k), two) is None
+    # Rows laid out in another order than the GEMM computes them: the scores transposed to
+    # (query, head) rows before the softmax (an epilogue that permutes), or the row part
+    # reading the heads' rows transposed.
+    q = te.placeholder((1, 2, 16, 8), name="q")
+    kt = te.placeholder((1, 2, 8, 2 * LANES), name="kt")
+    r = te.reduce_axis((0, 8), "r")
+    mm = te.compute((1, 2, 16, 2 * LANES), lambda b, h, i, j: te.sum(
+        q[b, h, i, r] * kt[b, h, r, j], axis=r), name="matmul")
+    permuted = te.compute((1, 16, 2, 2 * LANES), lambda b, i, h, j: mm[b, h, i, j], name="T_t")
+    assert gemm_rows.schedule_gemm_rows(
+        te.create_prim_func([q, kt, softmax_reciprocal(permuted, -1)]), TARGET) is None
+    r2 = te.reduce_axis((0, 2 * LANES), "r2")
+    sums = te.compute((1, 16, 2), lambda b, i, h: te.sum(mm[b, h, i, r2], axis=r2), name="sum")
+    assert gemm_rows.schedule_gemm_rows(te.create_prim_func([q, kt, sums]), TARGET) is None
     # A plain GEMM or a lone softmax is not this rule's.
     x = te.placeholder((32, 16), name="x")
     w = te.placeholder((16, 2 * LANES), name="w")

@@ -146,6 +146,35 @@ def _rows_in_order(func: tirx.PrimFunc, shape: gemm.GemmShape) -> bool:
         [order.get(kind, 3) for kind in kinds] == sorted(order.get(kind, 3) for kind in kinds)
 
 
+def _epilogue_pointwise(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, names: list
+                        ) -> bool:
+    """Every block between the GEMM and the row part (bias, residual add, scale) is
+    element-wise in the GEMM output's own layout: it writes, and reads what the GEMM or
+    another of them computed, at exactly its axes in order. So the buffer the row part reads
+    has the GEMM output's layout, whose row order `_rows_in_order` checks (a transpose here
+    would lay the rows out in another order than the tile loop computes them)."""
+    out = sch.get(main).writes[0].source
+    epilogue = [sch.get(b) for b in gemm._all_consumers(sch, main)
+                if sch.get(b).name_hint not in names]
+    chain = {out.name} | {w.source.name for b in epilogue for w in b.writes}
+    for block in epilogue:
+        axes = [iv.var for iv in block.iter_vars]
+        if len(block.writes) != 1 or [int(d) for d in block.writes[0].source.shape] != \
+                [int(d) for d in out.shape] or not _at_axes(block.writes[0], axes):
+            return False
+        if any(not _at_axes(r, axes) for r in block.reads if r.source.name in chain):
+            return False
+    return True
+
+
+def _at_axes(region, axes: list) -> bool:
+    """`region` is one element at exactly `axes`, in order."""
+    ranges = list(region.region)
+    return len(ranges) == len(axes) and all(
+        isinstance(r.min, tirx.Var) and r.min.same_as(v) and int(r.extent) == 1
+        for r, v in zip(ranges, axes))
+
+
 def schedule_gemm_rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | None:
     """Schedule a GEMM with a row epilogue (see the module docstring); None if `func` is not
     one or a step refuses."""
@@ -154,6 +183,8 @@ def schedule_gemm_rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
     if main is None:
         return None
     names = row_part(first, main)
+    if not _epilogue_pointwise(first, main, names):
+        return None
     found = gemm.analyse(func, find_gemm_with_rows)
     if found is None:
         return None
@@ -170,8 +201,11 @@ def schedule_gemm_rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
         outer, _ = sch.split(row, [None, tiling.mc])
         return sch.merge(tile, outer)
 
-    sch, leftover = gemm._schedule_tiles(sch, main, shape, tiling, func, target,
-                                         gemm.RowEpilogue(frozenset(names), join))
+    try:
+        sch, leftover = gemm._schedule_tiles(sch, main, shape, tiling, func, target,
+                                             gemm.RowEpilogue(frozenset(names), join))
+    except ValueError:  # the row part is not the GEMM's rows (`_schedule_row_part`)
+        return None
     return None if leftover else sch
 
 
@@ -192,12 +226,33 @@ def _schedule_row_part(sch: s_tir.Schedule, func: tirx.PrimFunc, names: list,
         raise ValueError("the row part is not one output")
     rows = _row_axes(anchor, [w.source for b in blocks[:-1] for w in b.writes])
     extents = [int(iv.dom.extent) for iv in anchor.iter_vars[:rows]]
-    if rows != len(anchor.iter_vars) - 1 or math.prod(extents) != shape.batch * shape.m:
+    if rows != len(anchor.iter_vars) - 1 or math.prod(extents) != shape.batch * shape.m or \
+            not all(_row_aligned(b, rows, extents, func) for b in blocks):
         raise ValueError("the row part's rows are not the GEMM's")
     row = schedule_rows(sch, names, rows, params)
     if row is None or loop_extent(sch, row) != shape.batch * shape.m:
         raise ValueError("the row part did not make one row loop")
     return row
+
+
+def _row_aligned(block: s_tir.SBlock, rows: int, extents: list, func: tirx.PrimFunc) -> bool:
+    """`block`'s first `rows` axes are spatial with the anchor's extents, and every buffer
+    it reads or writes that is not a parameter (the GEMM's output, the row part's
+    intermediates) it indexes by exactly those axes, in order, in its leading dimensions:
+    row r of the block touches row r of each, which is what the join relies on (a row part
+    reading the GEMM's output transposed would read other tiles' rows)."""
+    axes = block.iter_vars[:rows]
+    if len(axes) != rows or any(int(iv.iter_type) != tirx.IterVar.DataPar
+                                or int(iv.dom.extent) != e for iv, e in zip(axes, extents)):
+        return False
+    for region in [*block.reads, *block.writes]:
+        if is_param(region.source, func):
+            continue
+        lead = list(region.region)[:rows]
+        if len(lead) != rows or any(not (isinstance(r.min, tirx.Var) and r.min.same_as(iv.var)
+                                         and int(r.extent) == 1) for r, iv in zip(lead, axes)):
+            return False
+    return True
 
 
 class GemmRows(gemm.AnalyticRule):
