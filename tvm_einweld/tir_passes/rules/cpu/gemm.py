@@ -21,8 +21,8 @@ The schedule (BLIS-like, one register block per micro-kernel)
    `transform_block_layout` the reduction block to iterate (S, I, J, K) (as dlight's GPU matmul).
 2. Pad: `pad_einsum` pads I to a multiple of `mr` and J to a multiple of `nr` (cropped
    write-back of C; B's padding is zero-filled in its pack; A is read in place, its padded
-   rows clamped to its last row, `clamp_padded_rows`, unless its elements are gathered and
-   so copied anyway), so the micro-kernel never needs a predicate.
+   rows clamped to its last row, `clamp_padded_rows`, unless its elements are gathered or
+   strided along K and so copied), so the micro-kernel never needs a predicate.
 3. Pack B into panels [S, J/nr, K, nr] (`transform_layout` of B's reindex/pad block): the
    micro-kernel then reads one contiguous vector stream. When B is a compile-time weight
    (listed in the PrimFunc's `layout_free_buffers`, see `AttachAttrLayoutFreeBuffers`) the
@@ -449,6 +449,7 @@ class GemmShape:
     dtype: str
     a_read: int = 0  # which of the reduction block's reads is A (1: operands swapped, N = 1)
     a_gather: bool = False  # A's elements come from composite indices (an implicit im2col)
+    a_along_k: bool = True  # A is laid out with K innermost (read in place along K)
 
 
 def _static(extent) -> int | None:
@@ -864,6 +865,7 @@ def analyse(func: tirx.PrimFunc, find=find_gemm_block
     a_region = stmt.reads[maps.a_read].region
     a_gather = any(not isinstance(r.min, tirx.Var) and _static(r.min) is None
                    for r in a_region)
+    a_along_k = _read_along_k(stmt, stmt.reads[maps.a_read])
     reindex_a = sch.reindex(main, ("read", maps.a_read))
     reindex_b = sch.reindex(main, ("read", 1 - maps.a_read))
     reindex_c = sch.reindex(main, ("write", 0))
@@ -877,7 +879,7 @@ def analyse(func: tirx.PrimFunc, find=find_gemm_block
     sch.transform_block_layout(reindex_a, a_map)
     sch.transform_block_layout(reindex_b, b_map)
     batch, m, n, k = (int(iv.dom.extent) for iv in sch.get(main).iter_vars)
-    return sch, main, GemmShape(batch, m, n, k, dtype, maps.a_read, a_gather)
+    return sch, main, GemmShape(batch, m, n, k, dtype, maps.a_read, a_gather, a_along_k)
 
 
 def plan(shape: GemmShape, target: Target, crop_pass: bool = False) -> Tiling:
@@ -927,7 +929,11 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     pad_m, pad_n = -shape.m % mc, -shape.n % nr
     if pad_m or pad_n:
         sch.pad_einsum(main, [1, mc if pad_m else 1, nr if pad_n else 1, 1])
-    a_block, b_block = _operand_blocks(sch, main, shape.a_gather, shape.a_read)
+    # A padded along M is read in place, its padded rows clamped (`clamp_padded_rows`), where
+    # its elements lie along K; gathered, or strided along K, it is copied (the copy also
+    # lays it out along K for the micro-kernel's broadcasts, as before the clamp).
+    copy_a = shape.a_gather or (pad_m > 0 and not shape.a_along_k)
+    a_block, b_block = _operand_blocks(sch, main, copy_a, shape.a_read)
 
     # Step 3: B into panels [S, J/nr, K, nr].
     sch.transform_layout(b_block, ("write", 0), lambda s, j, k: (s, j // nr, k, j % nr))
@@ -981,7 +987,7 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     if tiling.kc >= shape.k and rows is None:
         sch = _prefetch_following_tile(sch, tile, i_block, j_panel, k_inner, b_block,
                                        shape.batch, tiling, cache_sizes(target))
-    if pad_m and not shape.a_gather:
+    if pad_m and not copy_a:
         sch = s_tir.Schedule(clamp_padded_rows(sch.mod["main"]))
     return sch, leftover
 
