@@ -54,7 +54,7 @@ from . import gemm
 from .injective import (cpu_params, inline_spatial, is_gemm_like, is_param, is_reduction,
                         is_row_reduction, loop_extent)
 from .isa import vector_isa
-from .reduction import _calls_expensive, _consumers, _row_axes, schedule_rows
+from .reduction import _calls_expensive, _consumers, row_count, schedule_rows
 
 
 def find_gemm_with_rows(sch: s_tir.Schedule) -> s_tir.schedule.SBlockRV | None:
@@ -131,12 +131,11 @@ def row_tiling(target: Target, shape: gemm.GemmShape) -> gemm.Tiling | None:
     return best[1] if best else None
 
 
-def _rows_in_order(func: tirx.PrimFunc, shape: gemm.GemmShape) -> bool:
-    """The GEMM's output is [S..., I..., J] (extent-1 axes anywhere): its leading axes, read
-    row-major, are the normalised row s * M + i, and its last axis is J."""
-    sch = s_tir.Schedule(func)
-    main = find_gemm_with_rows(sch)
-    maps = gemm.gemm_index_maps(sch.get(main), shape.a_read) if main is not None else None
+def _rows_in_order(block: s_tir.SBlock, shape: gemm.GemmShape) -> bool:
+    """The GEMM's output (`block`'s, in `analyse`'s orientation) is [S..., I..., J] (extent-1
+    axes anywhere): its leading axes, read row-major, are the normalised row s * M + i, and
+    its last axis is J."""
+    maps = gemm.gemm_index_maps(block, shape.a_read)
     if maps is None:
         return False
     kinds = [kind for kind in maps.c_kinds if kind != IterKind.kIter_T]
@@ -183,6 +182,7 @@ def schedule_gemm_rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
     if main is None:
         return None
     names = row_part(first, main)
+    gemm_block = first.get(main)
     if not _epilogue_pointwise(first, main, names):
         return None
     found = gemm.analyse(func, find_gemm_with_rows)
@@ -190,7 +190,7 @@ def schedule_gemm_rows(func: tirx.PrimFunc, target: Target) -> s_tir.Schedule | 
         return None
     sch, main, shape = found
     params = cpu_params(target)
-    if shape.n % params.lanes(shape.dtype) or not _rows_in_order(func, shape):
+    if shape.n % params.lanes(shape.dtype) or not _rows_in_order(gemm_block, shape):
         return None
     tiling = row_tiling(target, shape)
     if tiling is None:
@@ -221,10 +221,11 @@ def _schedule_row_part(sch: s_tir.Schedule, func: tirx.PrimFunc, names: list,
     names = [n for n in names if n in present]
     blocks = [sch.get(sch.get_sblock(n)) for n in names]
     anchor = blocks[-1]
-    if not all(is_param(w.source, func) for w in anchor.writes) or any(
-            is_param(w.source, func) for b in blocks[:-1] for w in b.writes):
+    if is_reduction(anchor):  # (the row part ends in a spatial block: a norm or softmax)
+        raise ValueError("the row part ends in a reduction")
+    rows = row_count(sch, names, func)
+    if rows == 0:
         raise ValueError("the row part is not one output")
-    rows = _row_axes(anchor, [w.source for b in blocks[:-1] for w in b.writes])
     extents = [int(iv.dom.extent) for iv in anchor.iter_vars[:rows]]
     if rows != len(anchor.iter_vars) - 1 or math.prod(extents) != shape.batch * shape.m or \
             not all(_row_aligned(b, rows, extents, func) for b in blocks):

@@ -300,6 +300,23 @@ def _merge_rows(sch: s_tir.Schedule, func: tirx.PrimFunc, rows: int):
     return sch.fuse(*loops) if rows > 1 else loops[0]
 
 
+def row_count(sch: s_tir.Schedule, names: list, func: tirx.PrimFunc) -> int:
+    """How many leading axes of the anchor (the last of the blocks `names`, program order)
+    index its rows: 0 unless the anchor writes the function's one output and no other of
+    the blocks writes a parameter. A lone reduction (sum/mean/max) has one output element a
+    row; otherwise the rows are the axes every intermediate is indexed by (`_row_axes`)."""
+    blocks = [sch.get(sch.get_sblock(n)) for n in names]
+    anchor, others = blocks[-1], blocks[:-1]
+    if not all(is_param(w.source, func) for w in anchor.writes) or any(
+            is_param(w.source, func) for b in others for w in b.writes):
+        return 0  # not one output
+    if is_reduction(anchor):
+        if not is_row_reduction(anchor):
+            return 0
+        return sum(int(iv.iter_type) == DATA_PAR for iv in anchor.iter_vars)
+    return _row_axes(anchor, [w.source for b in others for w in b.writes])
+
+
 def schedule_rows(sch: s_tir.Schedule, names: list, rows: int, params: CpuParams,
                   ragged_func: tirx.PrimFunc | None = None):
     """Put the blocks `names` (program order; the last one, the anchor, indexes its first
@@ -416,24 +433,12 @@ def _schedule(func: tirx.PrimFunc, params: CpuParams, ragged_rows: bool = True
            for b in map(sch.get, rvs)):
         return None
     anchor = sch.get(rvs[-1])
-    anchor_name = anchor.name_hint
-    if not all(is_param(w.source, func) for w in anchor.writes):
-        return None
-    others = rvs[:-1]
-    if any(is_param(w.source, func) for rv in others for w in sch.get(rv).writes):
-        return None  # several outputs
-    if is_reduction(anchor):  # a lone reduction (sum/mean/max): a row is one output element
-        if not is_row_reduction(anchor):
-            return None
-        rows = sum(int(iv.iter_type) == DATA_PAR for iv in anchor.iter_vars)
-    else:
-        intermediates = [w.source for rv in others for w in sch.get(rv).writes]
-        rows = _row_axes(anchor, intermediates)
+    names = [sch.get(rv).name_hint for rv in rvs]
+    rows = row_count(sch, names, func)
     if rows == 0:
         return None
 
-    row = schedule_rows(sch, [sch.get(rv).name_hint for rv in rvs], rows, params,
-                        func if ragged_rows else None)
+    row = schedule_rows(sch, names, rows, params, func if ragged_rows else None)
     if row is None:
         return _schedule(func, params, ragged_rows=False)
     if params.tasks(block_bytes(anchor)) > 1 and loop_extent(sch, row) > 1:
