@@ -1007,12 +1007,14 @@ def clamp_padded_rows(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return _ClampRows().rewrite(func)
 
 
+IF_THEN_ELSE = ir.Op.get("prim.if_then_else")  # TVM 0.27's name of tirx.if_then_else
+
+
 class _ClampRows(ExprRewriter):
     """`clamp_padded_rows`'s rewrite of one guarded load."""
 
     def visit(self, e: tirx.Expr) -> tirx.Expr:
-        if not (isinstance(e, ir.Call) and isinstance(e.op, ir.Op)
-                and e.op.name in ("prim.if_then_else", "tirx.if_then_else")):
+        if not (isinstance(e, ir.Call) and e.op.same_as(IF_THEN_ELSE)):
             return e
         cond, then, other = e.args
         if not (isinstance(cond, tirx.LT) and isinstance(cond.a, tirx.Var)
