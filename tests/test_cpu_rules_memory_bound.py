@@ -444,6 +444,100 @@ def test_division_by_constant(divisor):
         np.testing.assert_array_equal(got, want)
 
 
+# Row divisors: ordinary ones, and those whose reciprocal is not a normal float (it would be
+# inf, 0 or subnormal) or that are themselves special: those rows must divide as written.
+ROW_DIVISORS = np.array([1.0, 3.0, -7.3e-12, 131.5, 2e-38, 1e-39, 3.37624e38, -1e38, 0.0, -0.0,
+                         np.inf, -np.inf, np.nan, 2.0 ** 126, 2.0 ** -126, 1.4142135],
+                        np.float32)
+
+
+def _row_division(reciprocal: bool = True):
+    """out[i, j] = x[i, j] / d[i] with the row's divisor, rewritten by fast_math (with
+    `reciprocal`) and vectorised along j; (module, number of divisors rewritten)."""
+    rows, cols = ROW_DIVISORS.size, 4 * injective.cpu_params(TARGET).lanes("float32")
+    x = te.placeholder((rows, cols), "float32", name="x")
+    d = te.placeholder((rows,), "float32", name="d")
+    out = te.compute(x.shape, lambda i, j: x[i, j] / d[i], name="q")
+    func = te.create_prim_func([x, d, out])
+    replaced = 0
+    if reciprocal:
+        func, replaced = fast_math.rewrite_fast_math(func)
+    sch = tvm.s_tir.Schedule(func)
+    _, j = sch.get_loops(sch.get_sblock("q"))
+    sch.vectorize(sch.split(j, [None, cols // 4])[1])
+    return sch.mod, replaced
+
+
+def _run_row_division(mod, xs):
+    lib = tvm.compile(mod, TARGET)
+    out = tvm.runtime.tensor(np.zeros_like(xs))
+    lib(tvm.runtime.tensor(xs), tvm.runtime.tensor(ROW_DIVISORS), out)
+    return out.numpy()
+
+
+def test_division_by_a_row_value_uses_its_reciprocal_where_exact_enough():
+    """x / d[row] (softmax's e / sum[row]) as x * RN(1/d[row]) when 1/d is a normal float:
+    within one ulp of the division (as for a constant divisor), and bit for bit the division
+    on rows whose divisor is zero, inf, nan or so small or large that 1/d would not be normal;
+    the loop stays vectorised (both branches) and the divisor does not vary along it."""
+    mod, replaced = _row_division()
+    assert replaced == 1
+    assert "T.float32(1.0) / d[" in mod.script()
+    lanes = injective.cpu_params(TARGET).lanes("float32")
+    xs = np.random.default_rng(0).standard_normal((ROW_DIVISORS.size, 4 * lanes)).astype(
+        np.float32) * np.float32(1e3)
+    xs[:, :3] = [np.inf, np.nan, 1e-40]
+    got = _run_row_division(mod, xs).astype(np.float64)
+    with np.errstate(all="ignore"):
+        want = (xs / ROW_DIVISORS[:, None]).astype(np.float64)
+        exact = xs.astype(np.float64) / ROW_DIVISORS[:, None].astype(np.float64)
+    low, high = fast_math.RECIPROCAL_SAFE
+    unsafe = ~((np.abs(ROW_DIVISORS) >= low) & (np.abs(ROW_DIVISORS) <= high))
+    np.testing.assert_array_equal(got[unsafe], want[unsafe])
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want) & ~unsafe[:, None]
+    normal = finite & (np.abs(exact) >= np.finfo(np.float32).tiny)
+    rel = np.abs(got[normal] - exact[normal]) / np.abs(exact[normal])
+    assert rel.max() <= fast_math.MAX_ERROR["div"], rel.max()
+    sub = finite & (np.abs(exact) < np.finfo(np.float32).tiny)
+    assert np.abs(got[sub] - exact[sub]).max(initial=0) <= fast_math.MAX_SUBNORMAL_ERROR
+    assert np.array_equal(got[~np.isfinite(want)], want[~np.isfinite(want)], equal_nan=True)
+
+
+def test_a_divisor_that_varies_along_the_row_or_reads_a_formula_variable_is_kept():
+    """Only divisors constant along the store's innermost index are hoisted: x / y[i, j] stays a
+    division, and so does erf's P / Q, whose Q reads a variable its own Let binds."""
+    x = te.placeholder((4, 32), "float32")
+    y = te.placeholder((4, 32), "float32")
+    func = te.create_prim_func([x, y, te.compute(x.shape, lambda i, j: x[i, j] / y[i, j])])
+    assert fast_math.rewrite_fast_math(func)[1] == 0
+    erf = fast_math.rewrite_fast_math(te.create_prim_func(
+        [x, te.compute(x.shape, lambda i, j: te.erf(x[i, j]))]))[0]
+    assert " / " in erf.script() and "if " not in erf.script()
+
+
+def test_planted_unguarded_row_reciprocal_is_caught(monkeypatch):
+    """Without the range test, rows with d = 1e-39 (1/d = inf: x * inf instead of a finite
+    quotient) or d = 3.37624e38 (1/d subnormal, 2.4e-7 from 1/d: beyond one ulp) come out
+    wrong: the bound the test above checks must see it."""
+    monkeypatch.setattr(fast_math, "RECIPROCAL_SAFE", (0.0, np.inf))
+    mod, _ = _row_division()
+    lanes = injective.cpu_params(TARGET).lanes("float32")
+    # Quotients of order 1e-9..1e9, so that only the reciprocal can make them inf or 0.
+    scale = np.clip(np.nan_to_num(np.abs(ROW_DIVISORS), nan=1.0, posinf=1.0), 1e-30, 1e30)
+    xs = (np.random.default_rng(1).uniform(1.0, 2.0, (ROW_DIVISORS.size, 4 * lanes))
+          * scale[:, None]).astype(np.float32)
+    got = _run_row_division(mod, xs).astype(np.float64)
+    with np.errstate(all="ignore"):
+        exact = xs.astype(np.float64) / ROW_DIVISORS[:, None].astype(np.float64)
+        want = (xs / ROW_DIVISORS[:, None]).astype(np.float64)
+    special = ~np.isfinite(want)
+    bad = np.where(special, got != want, ~np.isclose(got, exact, rtol=fast_math.MAX_ERROR[
+        "div"], atol=0)) & ~(np.isnan(got) & np.isnan(want))
+    rows = {float(ROW_DIVISORS[i]) for i in np.nonzero(bad.any(axis=1))[0]}
+    assert rows == {float(np.float32(1e-39)), float(np.float32(3.37624e38))}, rows
+
+
 @pytest.mark.parametrize("name,target", [(n, None) for n in sorted(REFERENCES)]
                          + [("exp", AVX512), ("sigmoid", AVX512)])
 def test_fast_math_scalar_edges(name, target):

@@ -36,13 +36,13 @@ from typing import Callable, Iterable, Sequence
 
 import tvm
 from tvm import ir, s_tir, tirx
-from tvm.ir.prim.expr import BinaryOpExpr, CmpExpr, LogicalExpr
 from tvm.s_tir.schedule import ScheduleError
 from tvm.sym import Analyzer, detect_linear_equation
 from tvm.target import Target
 
 from . import gemm
 from ...deinterleave import MAX_STRIDE
+from .fast_math import visit_exprs  # re-exported: the rules import it from here
 from .isa import vector_isa
 
 
@@ -96,48 +96,6 @@ def cpu_params(target: Target) -> CpuParams:
 
 
 # --------------------------------------------------------------------------------- IR walks
-def visit_exprs(node, fn: Callable[[tirx.Expr], None]) -> None:
-    """Call `fn` on every expression under `node` (a statement or expression), pre-order."""
-    if node is None:
-        return
-    if isinstance(node, tirx.Stmt):
-        if isinstance(node, tirx.SeqStmt):
-            for s in node.seq:
-                visit_exprs(s, fn)
-        elif isinstance(node, tirx.BufferStore):
-            for i in node.indices:
-                visit_exprs(i, fn)
-            visit_exprs(node.value, fn)
-        elif isinstance(node, tirx.Bind):
-            visit_exprs(node.value, fn)
-        elif isinstance(node, tirx.IfThenElse):
-            visit_exprs(node.condition, fn)
-            visit_exprs(node.then_case, fn)
-            visit_exprs(node.else_case, fn)
-        elif isinstance(node, tirx.Evaluate):
-            visit_exprs(node.value, fn)
-        elif isinstance(node, tirx.For):
-            visit_exprs(node.body, fn)
-        return
-    fn(node)
-    if isinstance(node, ir.Call):
-        children = list(node.args)
-    elif isinstance(node, tirx.Not):
-        children = [node.a]
-    elif isinstance(node, (BinaryOpExpr, CmpExpr, LogicalExpr)):
-        children = [node.a, node.b]
-    elif isinstance(node, tirx.Select):
-        children = [node.condition, node.true_value, node.false_value]
-    elif isinstance(node, tirx.Cast):
-        children = [node.value]
-    elif isinstance(node, tirx.Let):
-        children = [node.value, node.body]
-    elif isinstance(node, ir.TensorLoad):
-        children = list(node.indices)
-    else:
-        children = []
-    for c in children:
-        visit_exprs(c, fn)
 
 
 def expr_vars(expr) -> set:
