@@ -387,6 +387,11 @@ def test_copy_band_sizes():
     # A dilated window's halo counts: 2t + 4 rows of a fat row, against 2t + 2 above.
     assert conv.copy_band(shape(21, 224, dilation=(2, 2)), block, caches, 2, 4 * 21 * 21 * 9,
                           8 * row) == 1
+    # A row stride of 2: a band of t row tiles (2t output rows) reads 4t + 1 input rows.
+    strided = conv.ConvShape(1, 21, 112, 112, "float32", (1, 3, 7, 21),
+                             conv.ConvWindow(21, (3, 3), (2, 2), (1, 1)))
+    assert conv.copy_band(strided, block, caches, 2, 4 * 21 * 21 * 9, 8 * row) == 1
+    assert conv.copy_band(strided, block, caches, 2, 4 * 21 * 21 * 9, row) == 7
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
@@ -395,12 +400,18 @@ def test_copy_band_sizes():
     ((1, 8, 10, 10), (16, 4, 3, 3), dict(padding=1, groups=2)),
     ((1, 6, 9, 20), (7, 6, 1, 15), dict(padding=(0, 7))),
     ((1, 8, 7, 7), (48, 8, 3, 3), dict(padding=1)),
-], ids=["3x3_batch2_odd", "dilated", "groups", "1x15", "channels_in_lanes"])
+    ((2, 8, 13, 15), (12, 8, 3, 3), dict(padding=1, strides=2)),
+    ((1, 3, 17, 19), (8, 3, 7, 7), dict(padding=3, strides=2)),
+    ((1, 8, 11, 9), (32, 8, 3, 3), dict(padding=1, strides=(2, 1))),
+], ids=["3x3_batch2_odd", "dilated", "groups", "1x15", "channels_in_lanes", "stride2_odd",
+        "7x7_stride2", "row_stride_only"])
 def test_banded_padded_copy_against_numpy(monkeypatch, x_shape, w_shape, attrs):
     """The padded copy made band by band inside the parallel loop (every row tile a band,
     forced: which shapes get bands depends on the host's caches and cores), against numpy:
     each band's copy covers its halo rows, in odd sizes, dilated, grouped, with a 1x15
-    window and with channels in the lanes."""
+    window, with channels in the lanes, and strided (a band of output rows reads twice as
+    many input rows; with a column stride the copy is in column phases, padded where the
+    width is odd)."""
     monkeypatch.setattr(conv, "copy_band", lambda *args: 1)
     x = RNG.standard_normal(x_shape).astype("float32")
     w = RNG.standard_normal(w_shape).astype("float32")
@@ -420,8 +431,8 @@ def test_banded_padded_copy_against_numpy(monkeypatch, x_shape, w_shape, attrs):
     assert outer.kind == tirx.ForKind.PARALLEL and outer.same_as(conv_outer)
     direct = tvm_einweld.pipeline(TARGET, derive_options={"winograd": False})
     pad = attrs["padding"]
-    ref = numpy_conv2d(x, w, pad=pad, dilation=attrs.get("dilation", 1),
-                       groups=attrs.get("groups", 1))
+    ref = numpy_conv2d(x, w, stride=attrs.get("strides", 1), pad=pad,
+                       dilation=attrs.get("dilation", 1), groups=attrs.get("groups", 1))
     np.testing.assert_allclose(run(mod, x, direct),
                                np.maximum(ref + b.reshape(1, -1, 1, 1), 0), rtol=1e-4,
                                atol=1e-4)

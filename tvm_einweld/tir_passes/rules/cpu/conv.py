@@ -24,10 +24,12 @@ vectors along the contiguous output row):
    moves it out of inference, as for GEMM.
 2. The data padding (and the transposed convolution's dilation) stay one materialised copy
    (parallel over channels), so the micro-kernel reads plain memory without conditionals.
-   With stride 1 and weights that stay in L2, the copy is made band by band inside the
-   parallel loop instead (`copy_band`): each core copies the padded rows its band of output
-   rows reads into a buffer that stays in its L2, then runs the band's tiles (GCN 11.0 ->
-   10.1 ms, DCGAN 1.11 -> 0.93 ms, FSRCNN 228 -> 201 us).
+   With weights that stay in L2, the copy is made band by band inside the parallel loop
+   instead (`copy_band`): each core copies the padded rows its band of output rows reads
+   into a buffer that stays in its L2, then runs the band's tiles (GCN 11.0 -> 10.1 ms,
+   DCGAN 1.11 -> 0.93 ms, FSRCNN 228 -> 201 us; strided, in the column phases below:
+   ResNet-18's 7x7/s2 3 -> 64 at 224x224 808-816 -> 700-739 us, 3x3/s2 64 -> 128 at 56x56
+   424-431 -> 388-403 us).
    With a column stride s, that copy is stored in s column phases ([.., W] -> [.., s, W/s],
    zero-padded): output column x, kernel column kx reads phase kx % s at x + kx // s, so a
    row of outputs is a contiguous vector again (a stride-2 3x3 conv went 3x faster). The
@@ -343,7 +345,8 @@ def copy_band(shape: ConvShape, block: ConvBlock, caches: gemm.CacheSizes, cores
     alternating): 3x3 at 224x224 1398-1440 -> 1276-1314 us, at 112x112 363 -> 326 us, 1x15
     64 -> 21 at 56x56 531 -> 492 us, 1x15 128 -> 21 at 28x28 301 -> 249 us.
     The bands run every channel tile, so the weights must stay in L2 (half of it); a band's
-    copy takes at most half of L2; the bands divide among the cores evenly, TILES_PER_CORE or
+    copy (its output rows' input rows, `window.stride` apart, plus the window's halo) takes
+    at most half of L2; the bands divide among the cores evenly, TILES_PER_CORE or
     more each (7 bands on 2 cores measured 14 % slower than 14). The largest such band
     copies the fewest halo rows twice."""
     window = shape.window
@@ -354,7 +357,8 @@ def copy_band(shape: ConvShape, block: ConvBlock, caches: gemm.CacheSizes, cores
     fits = [t for t in range(1, tiles + 1) if tiles % t == 0
             and (shape.batch * tiles // t) % cores == 0
             and shape.batch * tiles // t >= gemm.TILES_PER_CORE * cores
-            and (t * block.yb + halo) * copy_row_bytes <= caches.l2 // 2]
+            and ((t * block.yb - 1) * window.stride[0] + halo + 1) * copy_row_bytes
+            <= caches.l2 // 2]
     return max(fits, default=None)
 
 
@@ -655,11 +659,11 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
                                     for buf in (reads[data_index].source,
                                                 reads[weight_index].source))
         band = None
-        if stride == 1 and not flat and len(producers) == 1:
-            copy = sch.get(producers[0]).writes[0].source
+        if not flat and len(producers) == 1:
+            copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, (phases,) columns]
             band = copy_band(shape, block, caches, cores, weight_bytes,
-                             shape.itemsize * math.prod(int(d) for d in copy.shape[:-2])
-                             * int(copy.shape[-1]))
+                             shape.itemsize * math.prod(int(d) for d in copy.shape)
+                             // int(copy.shape[2]))
         if band is not None:
             # Row bands of the output, each core copying the padded rows its band reads
             # into a buffer that stays in its L2 (`copy_band`), then all its tiles.
