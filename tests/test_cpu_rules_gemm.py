@@ -112,6 +112,73 @@ def test_padded_rows_read_a_in_place(m, tiling):
     check_inside_output(sch, m, n, k)
 
 
+def _update_block(sch):
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    return next(b for b in blocks if any(int(iv.iter_type) == tirx.IterVar.CommReduce
+                                         for iv in b.iter_vars) and b.init is None)
+
+
+def _pointwise_conv(channels_in, channels_out, h, w):
+    x = te.placeholder((1, channels_in, h, w), name="x")
+    wt = te.placeholder((channels_out, channels_in, 1, 1), name="w")
+    c = te.reduce_axis((0, channels_in), "c")
+    out = te.compute((1, channels_out, h, w), lambda n, f, y, xx: te.sum(
+        x[n, c, y, xx] * wt[f, c, 0, 0], axis=c), name="conv")
+    return te.create_prim_func([x, wt, out]).with_attr("global_symbol", "main")
+
+
+@pytest.mark.parametrize("case", ["matmul", "odd_k_and_m", "pointwise_conv"])
+def test_b_along_j_is_read_in_place(case):
+    """A run-time B laid out with J innermost (a matmul's [K, N], a pointwise convolution's
+    NCHW input) whose J needs no padding is read where it lies: the micro-kernel loads the
+    function's own B, no panel copy is made; results as numpy's on odd M and K."""
+    if case == "pointwise_conv":
+        func, m, n, k = _pointwise_conv(19, 7, 8, 12), 7, 96, 19
+    else:
+        m, k = (40, 64) if case == "matmul" else (37, 29)
+        n = gemm.plan(gemm.analyse(te_matmul(m, 256, k))[2], TARGET).block.nr * 2
+        func = te_matmul(m, n, k)
+    shape = gemm.analyse(func)[2]
+    assert shape.b_along_j and gemm.b_in_place(shape, gemm.plan(shape, TARGET))
+    sch = gemm.GEMM().apply(func, TARGET, False)
+    b_param = func.params[0] if case == "pointwise_conv" else func.params[1]
+    assert any(r.source.same_as(b_param) for r in _update_block(sch).reads)
+    assert not any(len(buf.shape) == 4 for buf in sch.mod["main"].body.block.alloc_buffers), \
+        "B was packed into panels"
+    if case == "pointwise_conv":
+        xs, ws = rand(1, 19, 8, 12), rand(7, 19, 1, 1)
+        got = run_func(sch.mod["main"], xs, ws, out_shape=(1, 7, 8, 12), dtype="float32")
+        want = np.einsum("fc,cp->fp", ws[:, :, 0, 0], xs[0].reshape(19, -1)).reshape(got.shape)
+    else:
+        a, b = rand(m, k), rand(k, n)
+        got, want = run_func(sch.mod["main"], a, b, out_shape=(m, n), dtype="float32"), a @ b
+    np.testing.assert_allclose(got, want, **tol("float32"))
+
+
+@pytest.mark.parametrize("case", ["along_k", "padded_n", "split_k"])
+def test_b_is_packed_where_it_cannot_be_read_in_place(case):
+    """B is packed into panels when it runs along K (a transposed B), when J is padded (the
+    last panel's vectors would read past B's rows) or when K is split."""
+    if case == "along_k":
+        func = te_matmul(40, 64, 48, transposed_b=True)
+    elif case == "padded_n":
+        func = te_matmul(40, 37, 48)
+    else:
+        func = te_matmul(40, 64, 48)
+    shape = gemm.analyse(func)[2]
+    tiling = gemm.plan(shape, TARGET)
+    if case == "split_k":
+        tiling = gemm.Tiling(tiling.block, mc=tiling.mc, kc=16)
+    assert not gemm.b_in_place(shape, tiling)
+    assert shape.b_along_j == (case != "along_k")
+    sch = gemm.schedule_gemm(func, TARGET, tiling)
+    assert any(len(buf.shape) == 4 for buf in sch.mod["main"].body.block.alloc_buffers)
+    n = 37 if case == "padded_n" else 64
+    a, b = rand(40, 48), rand(n, 48) if case == "along_k" else rand(48, n)
+    got = run_func(sch.mod["main"], a, b, out_shape=(40, n), dtype="float32")
+    np.testing.assert_allclose(got, a @ (b.T if case == "along_k" else b), **tol("float32"))
+
+
 def _reshape_after_conv():
     x = te.placeholder((1, 8, 10, 10), name="x")
     w = te.placeholder((8, 8, 1, 1), name="w")
