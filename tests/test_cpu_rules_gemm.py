@@ -179,6 +179,35 @@ def test_b_is_packed_where_it_cannot_be_read_in_place(case):
     np.testing.assert_allclose(got, a @ (b.T if case == "along_k" else b), **tol("float32"))
 
 
+@pytest.mark.parametrize("kc", [None, 16])
+def test_register_block_write_back_is_unrolled(kc):
+    """With K whole the accumulator is one register block: its write-back is unrolled over
+    the block's rows and vectors (constant indices keep it in registers); with K split it is
+    the tile's accumulator in memory, written back by loops. Numerics as numpy's either way."""
+    m, n, k = 37, 64, 48
+    func = te_matmul(m, n, k)
+    tiling = gemm.plan(gemm.analyse(func)[2], TARGET)
+    if kc:  # several register blocks a tile: the accumulator is the tile's
+        tiling = gemm.Tiling(tiling.block, mc=3 * tiling.block.mr, kc=kc)
+    sch = gemm.schedule_gemm(func, TARGET, tiling)
+    (write_back,) = [b for b in _all_blocks(sch) if sch.get(b).name_hint.endswith("_local")]
+    kinds = [sch.get(lp).kind for lp in sch.get_loops(write_back)[-3:-1]]
+    unrolled = [kind == tirx.ForKind.UNROLLED for kind in kinds]
+    assert all(unrolled) if kc is None else not any(unrolled), kinds
+    a, b = rand(m, k), rand(k, n)
+    np.testing.assert_allclose(run_func(sch.mod["main"], a, b, out_shape=(m, n),
+                                        dtype="float32"), a @ b, **tol("float32"))
+
+
+def _all_blocks(sch):
+    out, todo = [], list(sch.get_child_blocks(sch.get_sblock("root")))
+    while todo:
+        block = todo.pop()
+        out.append(block)
+        todo += sch.get_child_blocks(block)
+    return out
+
+
 def _reshape_after_conv():
     x = te.placeholder((1, 8, 10, 10), name="x")
     w = te.placeholder((8, 8, 1, 1), name="w")

@@ -1025,6 +1025,8 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     sch.unroll(j_vec)
     sch.vectorize(j_lane)
     _vectorize_inner(sch, accumulator, lanes)
+    if accumulator_rows == mr:
+        _unroll_register_block(sch, accumulator, mr, nr // lanes)
     init = sch.decompose_reduction(main, k_outer)
     _vectorize_inner(sch, init, lanes)
     if tiling.kc >= shape.k and rows is None and b_block is not None:
@@ -1144,6 +1146,20 @@ def _schedule_copy(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: i
     loops = sch.get_loops(block)
     sch.parallel(sch.fuse(*loops[:-1]))
     _vectorize_inner(sch, block, lanes)
+
+
+def _unroll_register_block(sch: s_tir.Schedule, write_back: s_tir.schedule.SBlockRV, mr: int,
+                           vectors: int) -> None:
+    """Unroll the write-back of a register block (its mr rows and `vectors` vectors; the
+    lanes are vectorised): every access to the `local` accumulator then has a constant
+    index, and LLVM keeps it in registers from the init to the store into C. A write-back
+    loop with a variable index made LLVM give the accumulator a stack array: zeroed by a
+    memset call, stored after the k loop and loaded again for the write-back, every register
+    block: ViT's 6x(197x64 . 64x197) (K = 64) 146 -> 130 us; BERT 5.41 -> 5.25 ms, ViT 2.57 ->
+    2.52 ms (one process, alternating)."""
+    for loop in sch.get_loops(write_back)[-3:-1]:
+        if _static(sch.get(loop).extent) in (mr, vectors) and _static(sch.get(loop).extent) > 1:
+            sch.unroll(loop)
 
 
 def _vectorize_inner(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lanes: int) -> None:
