@@ -81,7 +81,10 @@ def _matmul_func(a_shape, b_shape) -> tirx.PrimFunc:
             y = bb.emit_output(bb.emit(relax.op.matmul(x, w)))
         bb.emit_func_output(y)
     mod = relax.transform.LegalizeOps()(bb.get())
-    return next(f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
+    # B is a weight (packed into panels at compile time): a run-time B along its columns
+    # would be read in place, without panels to prefetch (`gemm.b_in_place`).
+    return next(f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)).with_attr(
+        "layout_free_buffers", [1])
 
 
 LANES = vector_isa(TARGET).lanes("float32")
