@@ -35,11 +35,15 @@ see tests/test_cpu_rules_memory_bound.py, which checks the bounds stated in `MAX
   and nan come out as the division gives them. A vector division is the slowest instruction
   of a GELU (ONNX's x / sqrt(2) before the erf: on a Zen 5 core vdivps issues once per several
   cycles): GELU 128x3072 38.0 -> 33.7 us.
-- x / d for a divisor d that is the same along the store's innermost (vectorised) index,
-  softmax's row sum: x * RN(1/d) where |d| is in [2^-126, 2^126] (1/d is then a normal float
-  and the bound above holds), the division as written otherwise; the test is made once per
-  store (`divide_by_invariants`). Softmax 12x128x128 53.8 -> 41.8 us, 6x197x197 79.8 -> 70.5 us
-  (one vector division an element was a third of it).
+- x / d for a divisor d that is the same along the store's innermost (vectorised) index
+  (a LayerNorm exported to ONNX as ... / Sqrt(var + eps), any x / reduce(x)[row]):
+  x * RN(1/d) where |d| is in [2^-126, 2^126] (1/d is then a normal float and the bound above
+  holds), the division as written otherwise; the test is made once per store
+  (`divide_by_invariants`). That ONNX LayerNorm through the einweld pipeline: 128x768 20.2 ->
+  14.6 us, 197x384 17.3 -> 12.8 us; TVM's own softmax 12x128x128 53.8 -> 41.8 us (one process,
+  alternating). The pipeline's softmax already divides once per row (`tir_passes.legalize`,
+  which argues sum >= 1 instead of testing): its 1 / sum is a reciprocal already and is left
+  alone.
 Subnormal inputs go through the same arithmetic (no flush-to-zero is assumed or set).
 The bounds are stated as relative errors in `MAX_ERROR` (1 ulp of float32 is 2^-23 ~ 1.19e-7
 relative at the bottom of a binade, 2^-24 at the top).
@@ -379,8 +383,9 @@ def invariant_divisors(store: tirx.BufferStore) -> list:
     found: list = []
     for div in _nodes(store.value, tirx.Div):
         d = div.b
-        if str(div.ty) != F32 or isinstance(d, tirx.FloatImm):
-            continue
+        if str(div.ty) != F32 or isinstance(d, tirx.FloatImm) or (
+                isinstance(div.a, tirx.FloatImm) and div.a.value == 1.0):
+            continue  # a constant's is `reciprocal_of`'s; 1 / d is a reciprocal already
         if _free_of(d, lanes + bound) and not any(structural_equal(d, f) for f in found):
             found.append(d)
     return found
@@ -421,15 +426,32 @@ def divide_by_invariants(store: tirx.BufferStore) -> tuple[tirx.Stmt, int]:
     divisors = invariant_divisors(store)
     if not divisors:
         return store, 0
+    fast = tirx.BufferStore(store.buffer, _ByReciprocal(divisors).expr(store.value),
+                            list(store.indices))
+    return tirx.IfThenElse(_reciprocal_guard(divisors), fast, store), len(divisors)
+
+
+def _reciprocal_guard(divisors: list) -> tirx.Expr:
+    """The test `divide_by_invariants` puts around its stores: every |d| in RECIPROCAL_SAFE."""
     low, high = RECIPROCAL_SAFE
     safe = None
     for d in divisors:
         size = tirx.abs(d)
         test = tirx.And(size >= _f(low), size <= _f(high))
         safe = test if safe is None else tirx.And(safe, test)
-    fast = tirx.BufferStore(store.buffer, _ByReciprocal(divisors).expr(store.value),
-                            list(store.indices))
-    return tirx.IfThenElse(safe, fast, store), len(divisors)
+    return safe
+
+
+def is_reciprocal_guard(stmt: tirx.Stmt) -> bool:
+    """Whether `stmt` is what `divide_by_invariants` made: its else branch the store as
+    written, its condition the guard of that store's divisors. Such a statement is left as
+    it is by a second rewrite, which would otherwise rewrite the fallback division too (the
+    rules' output passes through the rewrite again when a later stage reschedules it)."""
+    if not isinstance(stmt, tirx.IfThenElse) or not isinstance(stmt.else_case,
+                                                                tirx.BufferStore):
+        return False
+    divisors = invariant_divisors(stmt.else_case)
+    return bool(divisors) and structural_equal(stmt.condition, _reciprocal_guard(divisors))
 
 
 class _Rewriter(ExprRewriter):
@@ -442,6 +464,8 @@ class _Rewriter(ExprRewriter):
         self.replaced = 0
 
     def stmt(self, s: tirx.Stmt) -> tirx.Stmt:
+        if is_reciprocal_guard(s):
+            return s  # rewritten before: its calls are formulas already, its else must divide
         s = super().stmt(s)
         if isinstance(s, tirx.BufferStore) and str(s.value.ty) == F32:
             s, count = divide_by_invariants(s)
