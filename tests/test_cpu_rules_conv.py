@@ -365,7 +365,7 @@ def test_depthwise_pads_each_plane_inside_its_parallel_channel_loop(name, in_cha
 def test_copy_band_sizes():
     """Row tiles per band of the padded copy: the largest band whose copy fits half of L2,
     with the bands spread evenly over the cores, TILES_PER_CORE or more each; none where the
-    weights do not stay in L2 or the map is too short for enough bands."""
+    weights do not fit in L2 or the map is too short for enough bands."""
     caches = gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
     block = conv.ConvBlock(7, 2, 16, 16)
 
@@ -380,8 +380,9 @@ def test_copy_band_sizes():
     assert conv.copy_band(shape(21, 224), block, caches, 2, 4 * 21 * 21 * 9, 8 * row) == 2
     # Three cores: the band count must divide among them (112 / 3 does not, 56 / ... either).
     assert conv.copy_band(shape(21, 224), block, caches, 3, 4 * 21 * 21 * 9, row) is None
-    # Weights beyond half of L2 would be read again by every band.
-    assert conv.copy_band(shape(21, 224), block, caches, 2, caches.l2, row) is None
+    # Weights beyond L2 would come from memory again for every band; within it, banded.
+    assert conv.copy_band(shape(21, 224), block, caches, 2, caches.l2 + 4, row) is None
+    assert conv.copy_band(shape(21, 224), block, caches, 2, caches.l2, row) == 14
     # A 14x14 map has 7 row tiles: too few bands.
     assert conv.copy_band(shape(21, 14), block, caches, 2, 4 * 21 * 21 * 9, row) is None
     # A dilated window's halo counts: 2t + 4 rows of a fat row, against 2t + 2 above.

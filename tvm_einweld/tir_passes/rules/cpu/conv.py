@@ -24,7 +24,7 @@ vectors along the contiguous output row):
    moves it out of inference, as for GEMM.
 2. The data padding (and the transposed convolution's dilation) stay one materialised copy
    (parallel over channels), so the micro-kernel reads plain memory without conditionals.
-   With weights that stay in L2, the copy is made band by band inside the parallel loop
+   With weights that fit in L2, the copy is made band by band inside the parallel loop
    instead (`copy_band`): each core copies the padded rows its band of output rows reads
    into a buffer that stays in its L2, then runs the band's tiles (GCN 11.0 -> 10.1 ms,
    DCGAN 1.11 -> 0.93 ms, FSRCNN 228 -> 201 us; strided, in the column phases below:
@@ -344,13 +344,17 @@ def copy_band(shape: ConvShape, block: ConvBlock, caches: gemm.CacheSizes, cores
     there. Measured on GCN's 21-channel convolutions (Emerald Rapids, 2 cores, one process,
     alternating): 3x3 at 224x224 1398-1440 -> 1276-1314 us, at 112x112 363 -> 326 us, 1x15
     64 -> 21 at 56x56 531 -> 492 us, 1x15 128 -> 21 at 28x28 301 -> 249 us.
-    The bands run every channel tile, so the weights must stay in L2 (half of it); a band's
+    The bands run every channel tile, so the weights must fit in L2 (each band reads them
+    all again: those that the band's copy pushed out come from L3; with weights of 1.2 MiB
+    beside copies of up to 1 MiB in a 2 MiB L2, ResNet-18's 3x3/s2 128 -> 256 at 28x28 still
+    went 438 -> 396 us banded, CSRNet's 3x3 256 -> 128 at 14x14, dilation 2, 388 -> 381 us;
+    one process, alternating. The limit had been half of L2.); a band's
     copy (its output rows' input rows, `window.stride` apart, plus the window's halo) takes
     at most half of L2; the bands divide among the cores evenly, TILES_PER_CORE or
     more each (7 bands on 2 cores measured 14 % slower than 14). The largest such band
     copies the fewest halo rows twice."""
     window = shape.window
-    if window is None or weight_bytes > caches.l2 // 2:
+    if window is None or weight_bytes > caches.l2:
         return None
     halo = (window.kernel[0] - 1) * window.dilation[0]
     tiles = shape.height // block.yb
