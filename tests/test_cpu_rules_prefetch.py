@@ -128,10 +128,12 @@ def test_gemm_prefetch_against_numpy(name, small_caches):
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
 
 
-# (input, weights, attrs): channel tiles outer with weights beyond the small L2.
+# (input, weights, attrs): channel tiles outer with weights beyond half of the small L2 (the
+# strided case beyond all of it: within L2 its copy would be made band by band,
+# `conv.copy_band`, with no channel tiles outer to prefetch for).
 CONV_CASES = {
     "3x3": ((1, 16, 7, 7), (96, 16, 3, 3), dict(padding=1)),
-    "3x3_stride2_batch": ((2, 16, 13, 13), (64, 16, 3, 3), dict(padding=1, strides=2)),
+    "3x3_stride2_batch": ((2, 16, 13, 13), (128, 16, 3, 3), dict(padding=1, strides=2)),
     "dilated_odd_width": ((1, 40, 9, 11), (48, 40, 3, 3), dict(padding=2, dilation=2)),
     "15x1_flat_positions": ((1, 48, 12, 12), (42, 48, 15, 1), dict(padding=(7, 0))),
 }
