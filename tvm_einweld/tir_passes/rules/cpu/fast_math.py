@@ -354,6 +354,7 @@ RECIPROCAL_SAFE = (2.0 ** -126, 2.0 ** 126)
 # Op effect kinds (TVM's CallEffectKind) a divisor may call and still be evaluated once,
 # before the store, instead of inside it: expression annotations and pure functions.
 _PURE_EFFECTS = (0, 1)
+_OPAQUE_EFFECT = 4  # an op that declares no effect kind is taken as opaque
 
 
 def _free_of(e: tirx.Expr, banned: list) -> bool:
@@ -364,7 +365,7 @@ def _free_of(e: tirx.Expr, banned: list) -> bool:
         if isinstance(x, tirx.Var) and any(x.same_as(v) for v in banned):
             ok[0] = False
         elif isinstance(x, ir.Call) and (not isinstance(x.op, ir.Op) or int(
-                x.op.get_attr("TCallEffectKind") or 4) not in _PURE_EFFECTS):
+                x.op.get_attr("TCallEffectKind") or _OPAQUE_EFFECT) not in _PURE_EFFECTS):
             ok[0] = False
 
     visit_exprs(e, visit)
@@ -377,8 +378,7 @@ def invariant_divisors(store: tirx.BufferStore) -> list:
     vectorised loop runs along that index, so one reciprocal serves every lane. Constants are
     `reciprocal_of`'s; a divisor that reads a variable bound inside the value (a formula's
     Let) or calls an impure op cannot be evaluated before the store and is not one."""
-    lanes = [] if not store.indices else [
-        v for v in _vars_in(store.indices[-1])]
+    lanes = list(tirx.analysis.undefined_vars(store.indices[-1])) if store.indices else []
     bound = [x.var for x in _nodes(store.value, tirx.Let)]
     found: list = []
     for div in _nodes(store.value, tirx.Div):
@@ -395,10 +395,6 @@ def _nodes(e: tirx.Expr, kind) -> list:
     out = []
     visit_exprs(e, lambda x: out.append(x) if isinstance(x, kind) else None)
     return out
-
-
-def _vars_in(e: tirx.Expr) -> list:
-    return _nodes(e, tirx.Var)
 
 
 class _ByReciprocal(ExprRewriter):
@@ -419,8 +415,7 @@ def divide_by_invariants(store: tirx.BufferStore) -> tuple[tirx.Stmt, int]:
         if (all d in range) store[value with x / d -> x * (1 / d)] else store
     The condition does not depend on the vector lane, so TVM's VectorizeLoop keeps both
     branches vectorised and LLVM hoists 1/d out of the loop: one scalar division a row instead
-    of a vector division an element (vdivps was half of softmax's time on the Xeon of sessions
-    32-37). Where taken, 1/d is a normal float, so the bound of a division by a constant holds
+    of a vector division an element (the module docstring has the measurements). Where taken, 1/d is a normal float, so the bound of a division by a constant holds
     (`MAX_ERROR["div"]`, one ulp; a subnormal result within one subnormal ulp); NaN, inf, zero
     and extreme divisors fail the test and divide as before. Returns (statement, divisors)."""
     divisors = invariant_divisors(store)

@@ -570,33 +570,35 @@ def _innermost_kind(region, traits: dict) -> IterKind | None:
     return None
 
 
-def _read_along_k(block: s_tir.SBlock, region) -> bool:
-    """True when the last dimension of `region` that moves is indexed by reduction axes."""
+def _last_moving(block: s_tir.SBlock, region) -> tuple[set, tirx.Expr | None]:
+    """The block variables of extent > 1 that index the last dimension of `region` indexed
+    by any, and that dimension's index; (empty, None) when no dimension moves."""
     moving = {iv.var for iv in block.iter_vars if _static(iv.dom.extent) != 1}
-    reduce = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
     for rng in reversed(list(region.region)):
         used = _used_vars(rng.min) & moving
         if used:
-            return used <= reduce
-    return False
+            return used, rng.min
+    return set(), None
+
+
+def _read_along_k(block: s_tir.SBlock, region) -> bool:
+    """True when the last dimension of `region` that moves is indexed by reduction axes."""
+    reduce = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce}
+    used, _ = _last_moving(block, region)
+    return bool(used) and used <= reduce
 
 
 def _read_along_j(block: s_tir.SBlock, b_region, a_region) -> bool:
     """True when B's last dimension that moves is indexed by one J axis (spatial, not read by
     A) with coefficient 1 (plus axes of extent 1: a pointwise convolution's x + kx):
     consecutive j are consecutive elements of B."""
-    moving = {iv.var for iv in block.iter_vars if _static(iv.dom.extent) != 1}
     spatial = {iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
     a_vars = set().union(*(_used_vars(r.min) for r in a_region.region))
-    for rng in reversed(list(b_region.region)):
-        used = _used_vars(rng.min) & moving
-        if used:
-            if len(used) != 1 or not used <= spatial - a_vars:
-                return False
-            (var,) = used
-            coefficients = detect_linear_equation(rng.min, [var])
-            return len(coefficients) == 2 and _static(coefficients[0]) == 1
-    return False
+    used, index = _last_moving(block, b_region)
+    if len(used) != 1 or not used <= spatial - a_vars:
+        return False
+    coefficients = detect_linear_equation(index, list(used))
+    return len(coefficients) == 2 and _static(coefficients[0]) == 1
 
 
 def _used_vars(expr) -> set:
