@@ -333,6 +333,96 @@ def test_padding_copy_is_charged_at_its_measured_cost():
         assert m % tiling.mc == 0, (m, n, k, tiling)
 
 
+def test_rows_per_core_only_where_asked_and_worth_it():
+    """With the readers' hint, a product that writes at least twice what it reads of B
+    (M >= 2K: MobileNetV2's 1x1 24 -> 144 and 32 -> 192) gives each core one row tile of
+    M / cores rows, row tiles outer (`rows_per_core`); without the hint, with a batch, where
+    M < 2K, on one core, where M / cores is not whole blocks, or where a core's rows of C
+    would not stay in its L2, the plan is the one without the hint."""
+    caches = gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
+    isa = VectorISA(bits=512, registers=32, fma=True, masked=True)
+    for m, n, k in ((144, 3136, 24), (192, 784, 32)):
+        plain = gemm.choose_tiling(isa, caches, "float32", 1, m, n, k, cores=2)
+        hinted = gemm.choose_tiling(isa, caches, "float32", 1, m, n, k, 2, rows_hint=True)
+        assert plain.mc == m, plain
+        assert hinted.mc * 2 == m and not hinted.columns_outer, hinted
+        assert hinted.block == plain.block
+    for batch, m, n, k, cores in ((2, 144, 3136, 24, 2), (1, 32, 784, 144, 2),
+                                  (1, 144, 3136, 24, 1), (1, 150, 3136, 24, 2),
+                                  (1, 64, 16384, 32, 2)):  # the last: C beyond half of L2
+        plain = gemm.choose_tiling(isa, caches, "float32", batch, m, n, k, cores)
+        hinted = gemm.choose_tiling(isa, caches, "float32", batch, m, n, k, cores,
+                                    rows_hint=True)
+        assert hinted == plain, (batch, m, n, k, cores)
+
+
+def test_rows_per_core_against_numpy():
+    """The row split forced on an expanding pointwise convolution over an odd map: results as
+    numpy's."""
+    func = _pointwise_conv(12, 48, 13, 11)
+    tiling = gemm.Tiling(gemm.RegisterBlock(12, 2, 16), mc=24, kc=12)
+    sch = gemm.schedule_gemm(func, TARGET, tiling)
+    xs, ws = rand(1, 12, 13, 11), rand(48, 12, 1, 1)
+    got = run_func(sch.mod["main"], xs, ws, out_shape=(1, 48, 13, 11), dtype="float32")
+    want = np.einsum("fc,cp->fp", ws[:, :, 0, 0], xs[0].reshape(12, -1)).reshape(got.shape)
+    np.testing.assert_allclose(got, want, **tol("float32"))
+
+
+def _expand_then(reader: str, channels: int = 24):
+    """A pointwise convolution 8 -> `channels` at 28 x 28 + clip, read by `reader`: a
+    depthwise 3x3 convolution, a 3x3 convolution over every channel, or the output itself."""
+    x, w = rand(1, 8, 28, 28), rand(channels, 8, 1, 1)
+    dw, full = rand(channels, 1, 3, 3), rand(8, channels, 3, 3)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.clip(relax.op.nn.conv2d(xv, relax.const(w)), 0.0, 6.0))
+            if reader == "depthwise":
+                y = bb.emit(relax.op.nn.conv2d(y, relax.const(dw), padding=1,
+                                               groups=channels))
+            elif reader == "full":
+                y = bb.emit(relax.op.nn.conv2d(y, relax.const(full), padding=1))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    ref = np.clip(np.einsum("nchw,fc->nfhw", x, w[:, :, 0, 0]), 0, 6)
+    if reader != "output":  # 3x3, padding 1: the nine shifted windows of the padded map
+        padded = np.pad(ref[0], ((0, 0), (1, 1), (1, 1)))
+        windows = np.stack([padded[:, ky:ky + 28, kx:kx + 28] for ky in range(3)
+                            for kx in range(3)])  # [9, C, 28, 28]
+        if reader == "depthwise":
+            ref = np.einsum("tchw,ct->chw", windows, dw.reshape(channels, 9))[None]
+        else:
+            ref = np.einsum("tchw,fct->fhw", windows, full.reshape(8, channels, 9))[None]
+    return bb.get(), x, ref
+
+
+@pytest.mark.parametrize("reader", ["depthwise", "full", "output"])
+def test_readers_decide_the_row_split(reader):
+    """`ApplyCPURules` asks the product for rows per core only where every kernel reading its
+    output reads contiguous channel ranges per core (a depthwise convolution's channel loop),
+    not where the reader reduces over all channels or the output is returned; the module's
+    results are numpy's either way."""
+    from tvm_einweld.tir_passes.rules.cpu import ApplyCPURules
+    from tvm_einweld.tir_passes.rules.cpu.affinity import ROWS_PER_CORE_ATTR
+
+    two = tvm.target.Target({**TARGET.export(), "num-cores": 2})
+    mod, x, ref = _expand_then(reader)
+    with two:
+        lowered = tvm.transform.Sequential([
+            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+    rules = ApplyCPURules(two)
+    scheduled = rules(lowered)
+    hinted = [gv.name_hint for gv, f in scheduled.functions_items()
+              if isinstance(f, tirx.PrimFunc) and f.attrs is not None
+              and f.attrs.get(ROWS_PER_CORE_ATTR)]
+    assert bool(hinted) == (reader == "depthwise"), hinted
+    ex = tvm.compile(scheduled, two)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, ref, **tol("float32"))
+
+
 def test_a_crop_that_cannot_fold_is_charged():
     """A 1x1 convolution's output read through a reshape (p = y * 28 + x) cannot take a padded
     tile's crop in its write-back: padding N = 784 costs a whole extra pass (MobileNetV2's

@@ -559,6 +559,42 @@ static double round_trip_run(long trips) {
   return seconds / (double)trips * 1e9;
 }
 
+/* Seconds to read `bytes` that thread 0 has just written, read by thread `reader` (0: the
+   writer itself; 1: the other thread): the hand-off between two kernels whose parallel loops
+   split the same tensor differently. The best of `loops` hand-offs. */
+static double handoff_run(size_t bytes, int reader, long loops, float *sink) {
+  float *buf = aligned_alloc(64, bytes);
+  size_t n = bytes / sizeof(float);
+  memset(buf, 0, bytes);
+  double best = 1e30;
+#pragma omp parallel num_threads(2)
+  {
+    int me = omp_get_thread_num();
+    for (long l = 0; l < loops; l++) {
+      if (me == 0)
+        for (size_t i = 0; i < n; i += LANES) *(vec *)(buf + i) = SET1((float)l);
+#pragma omp barrier
+      if (me == reader) {
+        double start = omp_get_wtime();
+        const vec one = SET1(1.0f);  /* four independent sums: the adds keep up with loads */
+        vec a0 = SET1(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t i = 0; i + 4 * LANES <= n; i += 4 * LANES) {
+          a0 = FMA(*(vec *)(buf + i), one, a0);
+          a1 = FMA(*(vec *)(buf + i + LANES), one, a1);
+          a2 = FMA(*(vec *)(buf + i + 2 * LANES), one, a2);
+          a3 = FMA(*(vec *)(buf + i + 3 * LANES), one, a3);
+        }
+        double t = omp_get_wtime() - start;
+        *sink += hsum(a0) + hsum(a1) + hsum(a2) + hsum(a3);
+        if (t < best) best = t;
+      }
+#pragma omp barrier
+    }
+  }
+  free(buf);
+  return best;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -576,6 +612,12 @@ int main(int argc, char **argv) {
     for (int r = 0; r < repeats; r++) runs[r] = round_trip_run(trips);
     qsort(runs, repeats, sizeof(double), cmp_double);
     best = runs[repeats / 2];
+  } else if (argv[1][0] == 'h') {  /* hand-off: GB/s read by the writer, by the other */
+    size_t bytes = ((size_t)atoll(argv[5]) + 4 * LANES * 4 - 1) / (4 * LANES * 4) * (4 * LANES * 4);
+    double own = handoff_run(bytes, 0, repeats, &sink);
+    double other = handoff_run(bytes, 1, repeats, &sink);
+    printf("%f %f %s %g\n", bytes / own / 1e9, bytes / other / 1e9, ISA, (double)sink);
+    return 0;
   } else if (argv[1][0] == 'f') {
     long iters = 1L << 16;
     while (fma_run(threads, iters, &sink) < 0.2 * seconds) iters *= 2;  /* calibrate */
@@ -670,6 +712,30 @@ def measure_round_trip_ns(seconds: float = 0.02, repeats: int = 5) -> Optional[f
 
 
 _ROUND_TRIPS: List[float] = []  # every round trip this process measured
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """GB/s of a read of `kib` KiB that one thread has just written: by the writer itself,
+    and by another thread (`measure_handoff`)."""
+
+    kib: int
+    own_gbs: float
+    other_gbs: float
+
+
+def measure_handoff(kib: int, repeats: int = 50) -> Optional[Handoff]:
+    """How fast a buffer one thread has just written is read by that thread and by another
+    (two OpenMP threads, unpinned as TVM's pool runs them; the best of `repeats` hand-offs
+    each). Two kernels in a row whose parallel loops give a tensor's parts to different
+    cores pay the second figure where the first could have been had
+    (`tir_passes.rules.cpu.affinity`). None without gcc/OpenMP or with one usable CPU."""
+    if len(usable_cpus()) < 2:
+        return None
+    out = _native_probe("handoff", 2, 0.0, repeats, kib * 1024)
+    if not out:
+        return None
+    return Handoff(kib, float(out[0]), float(out[1]))
 
 
 def fastest_round_trip_ns() -> Optional[float]:

@@ -1,10 +1,15 @@
 """CPU (llvm target) schedule rules, analytic and near the machine's limits without tuning:
 convolutions (conv.py), the GEMM class (gemm.py; with a row epilogue such as softmax or
 LayerNorm in its tiles, gemm_rows.py), memory-bound kernels (memory_bound.py and
-the injective / reduction / fast_math modules it uses); compile-time weight packing in apply.py.
+the injective / reduction / fast_math modules it uses); compile-time weight packing in apply.py;
+which rows of a product each core writes, from how its readers split their loops, in
+affinity.py.
 
     mod = ApplyCPURules(target)(mod)     # after LegalizeOps / FuseOps / FuseTIR
     name, func = schedule_cpu(func, target) or (None, func)
+
+`ApplyCPURules` then schedules again, with `gemm.ROWS_PER_CORE_ATTR`, the GEMM-class kernels
+whose every reader splits their output by channel ranges (`affinity.rows_per_core_hints`).
 
 `CPU_RULE_FAMILIES` is the table of rule families, tried in order on every PrimFunc that is not
 yet scheduled: the first that returns a function gives it (marked `tirx.is_scheduled`); a
@@ -25,9 +30,10 @@ from tvm_ffi import structural_equal, structural_hash
 from tvm.s_tir.dlight.base import ScheduleRule
 
 from .. import is_scheduled, mark_scheduled
+from .affinity import rows_per_core_hints
 from .conv import Conv2D
 from .fast_math import rewrite_fast_math
-from .gemm import GEMM
+from .gemm import GEMM, ROWS_PER_CORE_ATTR
 from .gemm_rows import GemmRows
 from .isa import VectorISA, vector_isa
 from .memory_bound import schedule_memory_bound
@@ -140,12 +146,34 @@ class ApplyCPURules:  # pylint: disable=too-few-public-methods
             result = schedule_cpu(func, target, self.families)
             if result is not None:
                 self.scheduled[gvar.name_hint], updates[gvar] = result
+        updates.update(self._rows_per_core(mod, updates))
         if not updates:
             return mod
         mod = mod.clone()  # a pass leaves its input as it was
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
+
+
+    def _rows_per_core(self, mod: tvm.IRModule, updates: dict) -> dict:
+        """The GEMM-class kernels whose readers all split their output by channel ranges
+        (`affinity.rows_per_core_hints`), scheduled again with that hint."""
+        kernels = {gvar.name_hint: updates.get(gvar, func)
+                   for gvar, func in mod.functions_items()
+                   if isinstance(func, tirx.PrimFunc) and (gvar in updates or is_scheduled(func))}
+        gemms = [gvar for gvar in updates if self.scheduled.get(gvar.name_hint) == "gemm"]
+        hinted = rows_per_core_hints(mod, kernels) if gemms else set()
+        again = {}
+        for gvar in gemms:
+            func = mod[gvar]
+            if gvar.name_hint in hinted:
+                target = func.attrs.get("target", self.target) if func.attrs is not None \
+                    else self.target
+                result = schedule_cpu(func.with_attr(ROWS_PER_CORE_ATTR, True), target,
+                                      self.families)
+                if result is not None:
+                    self.scheduled[gvar.name_hint], again[gvar] = result
+        return again
 
 
 __all__ = ["VectorISA", "vector_isa", "CPU_RULE_FAMILIES", "Family", "dlight_family",

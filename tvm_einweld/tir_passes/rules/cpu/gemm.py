@@ -126,6 +126,10 @@ PAD_COPY_CYCLES = Fraction(1)
 # Smallest K block worth splitting to: the accumulator tile is reloaded once per block.
 MIN_KC = 128
 
+# The function attribute by which the graph asks for rows per core (`rows_per_core`); set
+# by `ApplyCPURules` from `affinity.rows_per_core_hints`.
+ROWS_PER_CORE_ATTR = "einweld.rows_per_core"
+
 # How many parallel tiles per core the tiling aims for (load balance between threads).
 TILES_PER_CORE = 4
 
@@ -227,7 +231,8 @@ def _padding_copy(m: int, m_padded: int) -> Fraction:
 
 
 def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m: int, n: int,
-                  k: int, cores: int, crop_pass: bool = False) -> Tiling:
+                  k: int, cores: int, crop_pass: bool = False, rows_hint: bool = False
+                  ) -> Tiling:
     """Register block and cache blocks together: every candidate block (`register_blocks`)
     with its tiles (`choose_tiles`), costed as what the schedule runs: the busiest core's
     share of the tiles (TVM splits the parallel loop into equal contiguous chunks) times a
@@ -252,6 +257,7 @@ def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m:
     locality of the runtime-packed B between cores). Folded (`_crop_kept` proves the crop
     p < 784 survives), 12 x 2 needs no pass: 25-27 us with that epilogue, and the projection
     192 -> 32 at 28x28 went 27.9 -> 25.9 us.
+    `rows_hint`: the readers of C split it by rows (`affinity`; see `rows_per_core`).
     """
     def key(tiling: Tiling):
         block = tiling.block
@@ -265,7 +271,7 @@ def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m:
             copies += Fraction(m_tiled * n_padded, k) * PAD_COPY_CYCLES
         return (cycles + copies * batch / cores, -block.mr * block.vectors)
 
-    return min((choose_tiles(block, caches, dtype, batch, m, n, k, cores)
+    return min((choose_tiles(block, caches, dtype, batch, m, n, k, cores, rows_hint)
                 for block in register_blocks(isa, dtype, m, n)), key=key)
 
 
@@ -277,7 +283,7 @@ def _largest_divisor_at_most(value: int, limit: int, floor: int) -> int | None:
 
 
 def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: int, m: int,
-                 n: int, k: int, cores: int) -> Tiling:
+                 n: int, k: int, cores: int, rows_hint: bool = False) -> Tiling:
     """Cache blocks around the register block.
 
     kc (K block): K is not split while a whole K x nr panel of B fits in half of L2: each
@@ -307,6 +313,10 @@ def choose_tiles(block: RegisterBlock, caches: CacheSizes, dtype: str, batch: in
         rows -= 1
     rows = _whole_row_tiles(m_padded // block.mr, rows)
     mc = rows * block.mr
+    if rows_hint and rows_per_core(batch, m, n, k, block.mr, mc, cores, caches.l2 // size):
+        mc = m // cores
+        return Tiling(block, mc, kc, columns_outer=False,
+                      panels=_panels_per_tile(caches, size, cores, block, mc, n, k, kc, cores))
     m_tiled = math.ceil(m / mc) * mc
     return Tiling(block, mc, kc, columns_outer=_columns_outer(caches, size, m_tiled, mc, n, k,
                                                              block.nr),
@@ -372,6 +382,27 @@ def _panels_per_tile(caches: CacheSizes, size: int, row_tiles: int, block: Regis
     return max((d for d in range(1, count + 1) if count % d == 0
                 and d * k * nr * size <= room and busiest(d) <= busiest(1)
                 and row_tiles * (count // d) >= TILES_PER_CORE * cores), default=1)
+
+
+def rows_per_core(batch: int, m: int, n: int, k: int, mr: int, mc: int, cores: int,
+                  l2_elements: int) -> bool:
+    """Whether the one row tile of all M rows is cut into one tile of M / cores rows a core,
+    row tiles outer, so that core t writes rows [t M / cores, (t + 1) M / cores) of C, every
+    column of them, instead of a range of columns of every row; asked only where every
+    kernel reading C splits it by rows in that order (`affinity.rows_per_core_hints`: a
+    pointwise convolution's output channels, read by a depthwise convolution or an
+    element-wise kernel, each core its own channel range).
+
+    Then the rows a core writes are those it reads next, from its own L2 (a line the other
+    core has just written is read about 1.75x slower: `affinity`), and only B is read by both
+    cores; worth it where C is the larger (M >= 2K: MobileNetV2's 24 -> 144 and 32 -> 192)
+    and a core's rows of C stay in its L2 for the reader (at most half of it: beyond, both
+    splits stream C through L3 and the row split only reads B twice; NAFNet's 32 -> 64 at
+    128 x 128, 2 MiB of C a core, 2.24 -> 2.40 ms forced). The cycle model ranks both splits
+    alike (as many register blocks a core). Only for batch 1 (a batch splits by images
+    already), a single row tile and M a multiple of cores x mr (no padding)."""
+    return (batch == 1 and cores > 1 and mc >= m and m >= 2 * k
+            and m % (cores * mr) == 0 and m // cores * n <= l2_elements // 2)
 
 
 def _whole_row_tiles(blocks: int, limit: int) -> int:
@@ -923,10 +954,13 @@ def analyse(func: tirx.PrimFunc, find=find_gemm_block
                                 b_along_j)
 
 
-def plan(shape: GemmShape, target: Target, crop_pass: bool = False) -> Tiling:
-    """Register and cache blocks for `shape` on `target` (`crop_pass`: see `choose_tiling`)."""
+def plan(shape: GemmShape, target: Target, crop_pass: bool = False, rows_hint: bool = False
+         ) -> Tiling:
+    """Register and cache blocks for `shape` on `target` (`crop_pass`, `rows_hint`: see
+    `choose_tiling`)."""
     return choose_tiling(vector_isa(target), cache_sizes(target), shape.dtype, shape.batch,
-                         shape.m, shape.n, shape.k, target_cores(target), crop_pass)
+                         shape.m, shape.n, shape.k, target_cores(target), crop_pass,
+                         rows_hint)
 
 
 def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = None
@@ -941,14 +975,25 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
         return _schedule_tiles(sch, main, shape, tiling, func, target)[0]
     # Planned as if the padded tile's crop takes every consumer; where one stays a pass of its
     # own (`_crop_kept` refused it), planned again with that pass charged (`choose_tiling`).
-    tiling = plan(shape, target)
+    rows_hint = _rows_hinted(func, shape)
+    tiling = plan(shape, target, rows_hint=rows_hint)
     sch, leftover = _schedule_tiles(sch, main, shape, tiling, func, target)
     if leftover:
-        charged = plan(shape, target, crop_pass=True)
+        charged = plan(shape, target, crop_pass=True, rows_hint=rows_hint)
         if charged != tiling:
             sch, main, shape = analyse(func)
             sch = _schedule_tiles(sch, main, shape, charged, func, target)[0]
     return sch
+
+
+def _rows_hinted(func: tirx.PrimFunc, shape: GemmShape) -> bool:
+    """Whether `func` carries the row-split hint (`ROWS_PER_CORE_ATTR`) and its
+    product's rows are its output's channels: an NCHW output of batch 1 with M channels."""
+    attrs = func.attrs
+    if attrs is None or not attrs.get(ROWS_PER_CORE_ATTR):
+        return False
+    out = func.params[-1].shape
+    return len(out) == 4 and _static(out[0]) == 1 and _static(out[1]) == shape.m
 
 
 def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: GemmShape,
