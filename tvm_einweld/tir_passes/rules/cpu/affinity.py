@@ -6,10 +6,11 @@ convolution or an element-wise kernel over an NCHW tensor runs its parallel loop
 channels, so core t reads channels [t C / T, (t + 1) C / T). A pointwise convolution that
 produced that tensor split its tiles by positions (columns of its product), so each core
 wrote every channel at half of the positions, and half of what the next kernel's core reads
-sits in the other core's L2: read about 1.75x slower than a line the core wrote itself
-(Emerald Rapids: 1 MiB written by one core, read by the same core in 15.3 us, by the other in
-27.0 us). Where every reader splits by channel in that order, the product's rule can give
-core t the rows (output channels) [t M / T, ...) instead.
+sits in the other core's L2, where a core reads it at about a fifth of the speed of its own
+L2 (`benchmarks/cross_core.md`, Emerald Rapids: 1 MiB just written, read by the writer at
+112 GB/s, by the other core at 24 GB/s, slower than DRAM; alike, ~29 GB/s, from 4 MiB on).
+Where every reader splits by channel in that order, the product's rule can give core t the
+rows (output channels) [t M / T, ...) instead.
 
 What it decides: `rows_per_core_hints(mod, funcs)` names the PrimFuncs whose every call's
 output is read, by every kernel that reads it, through a parallel loop whose thread chunks
