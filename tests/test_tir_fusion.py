@@ -179,8 +179,9 @@ def test_unsupported_scalar_output_is_left_unchanged():
     assert not _multi_node_groups(report)
 
 
-def test_shared_intermediate_stays_in_dram():
-    # exp(x) is read by two nodes: Welder's single-output groups cannot absorb it.
+def _exp_read_twice(return_exp: bool):
+    """exp(x) read by a row sum and a row max, added; with `return_exp` exp(x) is returned
+    too (a reader outside every group)."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((64, 64), "float32"))
     with bb.function("main", [x]):
@@ -188,9 +189,33 @@ def test_shared_intermediate_stays_in_dram():
             e = bb.emit(relax.op.exp(x))
             s = bb.emit(relax.op.sum(e, axis=[1], keepdims=True))
             m = bb.emit(relax.op.max(e, axis=[1], keepdims=True))
-            out = bb.emit_output(relax.op.add(s, m))
+            out = relax.op.add(s, m)
+            out = bb.emit_output(relax.Tuple([out, e]) if return_exp else out)
         bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
+    return relax.transform.LegalizeOps()(bb.get())
+
+
+def test_shared_intermediate_joins_the_group_of_all_its_readers():
+    """exp(x) is read by two nodes. Welder's edge-by-edge sweep keeps such a tensor in memory;
+    once both readers are in one group, exp joins it where that prices lower
+    (`scheduler._join_shared_producers`): it then lives only in tiles. The fused module
+    computes what numpy does."""
+    mod = _exp_read_twice(False)
+    fuse = TileGraphFusion("llvm", topk=1, measure=False)
+    fused = fuse(mod)
+    exp_node = mod["main"].body.blocks[0].bindings[0].var.name
+    readers = {c for a, c in fuse.report.plan.connected if a == exp_node}
+    assert len(readers) == 2, fuse.report.plan.connected
+    assert any(exp_node in names and len(names) == 4 for names in fuse.report.replaced)
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
+    e = np.exp(x)
+    np.testing.assert_allclose(run_vm(fused, x), e.sum(1, keepdims=True) +
+                               e.max(1, keepdims=True), rtol=1e-5)
+
+
+def test_shared_intermediate_read_outside_stays_in_dram():
+    """The same exp(x), also returned: a reader outside every group, so it stays in memory."""
+    mod = _exp_read_twice(True)
     fuse = TileGraphFusion("llvm", topk=1, measure=False)
     fuse(mod)
     exp_node = mod["main"].body.blocks[0].bindings[0].var.name
