@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from tvm_einweld import machine
+from tvm_einweld.bench.report import run_header
 from tvm_einweld.models import ZOO
 
 QUICK = ("infogan", "fsrcnn", "dcgan")
@@ -104,13 +105,8 @@ def _slowest_stages(result: dict) -> str:
 
 
 def markdown(rows: list, command: str, started: str, loads: tuple, wall: float) -> str:
-    lines = [
-        "# Compile determinism and compile time at 0 trials",
-        "",
-        f"Command: `{command}`  ",
-        f"Date: {started} (UTC), wall time {wall / 60:.1f} min  ",
-        f"Machine: {machine.profile().describe()}  ",
-        f"Load (1-min average): {loads[0]:.2f} at start, {loads[1]:.2f} at end",
+    lines = run_header("Compile determinism and compile time at 0 trials", command, started,
+                       wall, loads) + [
         "",
         "measure=True: compiles in fresh processes sharing one cache that starts empty "
         "(the first measures and caches its close calls). measure=False: compiles each with "

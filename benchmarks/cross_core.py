@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from tvm_einweld import machine
+from tvm_einweld.bench.report import run_header
 
 SIZES_KIB = (64, 256, 512, 1024, 1536, 2048, 4096, 16384)
 QUICK_KIB = (256, 1024, 4096)
@@ -47,13 +48,8 @@ def measure(sizes: tuple, rounds: int, repeats: int) -> list:
 
 
 def markdown(rows: list, command: str, started: str, loads: tuple, wall: float) -> str:
-    lines = [
-        "# Reading what another core just wrote",
-        "",
-        f"Command: `{command}`  ",
-        f"Date: {started} (UTC), wall time {wall:.0f} s  ",
-        f"Machine: {machine.profile().describe()}  ",
-        f"Load (1-min average): {loads[0]:.2f} at start, {loads[1]:.2f} at end",
+    lines = run_header("Reading what another core just wrote", command, started, wall,
+                       loads) + [
         "",
         "Thread 0 writes a buffer; then thread 0 (own) or thread 1 (other) reads it once "
         "(`machine.measure_handoff`: a C probe, two OpenMP threads unpinned, the best of the "

@@ -47,3 +47,14 @@ def test_round_trip_probe_and_slow_rows():
     assert machine.slow_round_trips([None, None]) == []
     assert machine.row_round_trips([(50.0, 400.0), (None, 61.0), (None, None)]) == \
         [400.0, 61.0, None]
+
+
+def test_handoff_probe():
+    """The hand-off the affinity rule is about (`machine.measure_handoff`): two positive
+    read bandwidths for a buffer one thread wrote, on two or more CPUs with gcc (None
+    otherwise, never an error), the size reported as asked."""
+    handoff = machine.measure_handoff(256, repeats=5)
+    if len(machine.usable_cpus()) < 2:
+        assert handoff is None
+    elif handoff is not None:
+        assert handoff.kib == 256 and handoff.own_gbs > 0 and handoff.other_gbs > 0

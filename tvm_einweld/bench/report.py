@@ -355,3 +355,15 @@ def write_report(suite: SuiteResult, markdown_path: Path, chart: bool = True) ->
     markdown_path.write_text(markdown(suite, chart_name))
     markdown_path.with_suffix(".json").write_text(to_json(suite))
     return notes
+
+
+def run_header(title: str, command: str, started: str, wall_seconds: float,
+               loads: tuple) -> list:
+    """The first lines of a benchmark's Markdown: its title, the command, the date and wall
+    time, this machine (`machine.profile`) and the load average before and after the run."""
+    from ..machine import profile  # pylint: disable=import-outside-toplevel
+
+    return [f"# {title}", "", f"Command: `{command}`  ",
+            f"Date: {started} (UTC), wall time {wall_seconds / 60:.1f} min  ",
+            f"Machine: {profile().describe()}  ",
+            f"Load (1-min average): {loads[0]:.2f} at start, {loads[1]:.2f} at end"]
