@@ -18,11 +18,13 @@ are contiguous channel ranges in order (`channel_chunks`): the channel index (di
 of each read is g(v) * s + r, v the parallel loop's variable, g(v) = v or v // c, and r, from
 the other loops, in [0, s) (a depthwise convolution's channel loop, an element-wise kernel's
 fused (n, c) loop, a convolution's epilogue under tiles ordered weight panel first). The
-other dimensions may move with v too: a chunk then reads its channels at several positions. The GEMM rule reads the hint (`ROWS_PER_CORE_ATTR`) and still applies its
-own conditions (`gemm.rows_per_core`); `ApplyCPURules` sets it and schedules those functions
-again. A hint only moves work between cores: every row is
-computed as before by the same micro-kernel, so the result is the same whichever way it
-goes; a kernel whose split cannot be read gives no hint.
+other dimensions may move with v too: a chunk then reads its channels at several positions.
+`ApplyCPURules` sets the hint (`ROWS_PER_CORE_ATTR`) on those functions and schedules them
+again; the GEMM rule still applies its own conditions (`gemm.rows_per_core`).
+
+Why it is safe: a hint only moves work between cores. Every element of the product is
+computed as before, by the same micro-kernel over the same K order, so the results are the
+same bits whichever way it goes; a reader whose split cannot be read off gives no hint.
 """
 from __future__ import annotations
 
