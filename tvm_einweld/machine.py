@@ -613,7 +613,8 @@ int main(int argc, char **argv) {
     qsort(runs, repeats, sizeof(double), cmp_double);
     best = runs[repeats / 2];
   } else if (argv[1][0] == 'h') {  /* hand-off: GB/s read by the writer, by the other */
-    size_t bytes = ((size_t)atoll(argv[5]) + 4 * LANES * 4 - 1) / (4 * LANES * 4) * (4 * LANES * 4);
+    size_t step = 4 * LANES * sizeof(float);  /* the read loop's four vectors */
+    size_t bytes = ((size_t)atoll(argv[5]) + step - 1) / step * step;
     double own = handoff_run(bytes, 0, repeats, &sink);
     double other = handoff_run(bytes, 1, repeats, &sink);
     printf("%f %f %s %g\n", bytes / own / 1e9, bytes / other / 1e9, ISA, (double)sink);

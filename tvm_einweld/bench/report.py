@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 from .check import RTOL
 from .harness import OK, SKIPPED, ModelResult
 from .timing import Timing
-from ..machine import MachineInfo
+from ..machine import MachineInfo, profile
 
 # A runner's rounds agreeing within this are a trustworthy median on an idle machine.
 SPREAD_TARGET = 0.15
@@ -361,8 +361,6 @@ def run_header(title: str, command: str, started: str, wall_seconds: float,
                loads: tuple) -> list:
     """The first lines of a benchmark's Markdown: its title, the command, the date and wall
     time, this machine (`machine.profile`) and the load average before and after the run."""
-    from ..machine import profile  # pylint: disable=import-outside-toplevel
-
     return [f"# {title}", "", f"Command: `{command}`  ",
             f"Date: {started} (UTC), wall time {wall_seconds / 60:.1f} min  ",
             f"Machine: {profile().describe()}  ",

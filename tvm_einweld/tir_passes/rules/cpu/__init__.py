@@ -141,9 +141,7 @@ class ApplyCPURules:  # pylint: disable=too-few-public-methods
         for gvar, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or gvar.name_hint in self.skip:
                 continue
-            target = func.attrs.get("target", self.target) if func.attrs is not None \
-                else self.target
-            result = schedule_cpu(func, target, self.families)
+            result = schedule_cpu(func, self._target_of(func), self.families)
             if result is not None:
                 self.scheduled[gvar.name_hint], updates[gvar] = result
         updates.update(self._rows_per_core(mod, updates))
@@ -154,26 +152,27 @@ class ApplyCPURules:  # pylint: disable=too-few-public-methods
             mod[gvar] = func
         return mod
 
-
     def _rows_per_core(self, mod: tvm.IRModule, updates: dict) -> dict:
         """The GEMM-class kernels whose readers all split their output by channel ranges
         (`affinity.rows_per_core_hints`), scheduled again with that hint."""
         kernels = {gvar.name_hint: updates.get(gvar, func)
                    for gvar, func in mod.functions_items()
                    if isinstance(func, tirx.PrimFunc) and (gvar in updates or is_scheduled(func))}
-        gemms = [gvar for gvar in updates if self.scheduled.get(gvar.name_hint) == "gemm"]
-        hinted = rows_per_core_hints(mod, kernels) if gemms else set()
+        gemms = {gvar.name_hint: gvar for gvar in updates
+                 if self.scheduled.get(gvar.name_hint) == "gemm"}
         again = {}
-        for gvar in gemms:
-            func = mod[gvar]
-            if gvar.name_hint in hinted:
-                target = func.attrs.get("target", self.target) if func.attrs is not None \
-                    else self.target
-                result = schedule_cpu(func.with_attr(ROWS_PER_CORE_ATTR, True), target,
-                                      self.families)
-                if result is not None:
-                    self.scheduled[gvar.name_hint], again[gvar] = result
+        for name in rows_per_core_hints(mod, kernels, frozenset(gemms)) if gemms else ():
+            func = mod[gemms[name]]
+            result = schedule_cpu(func.with_attr(ROWS_PER_CORE_ATTR, True),
+                                  self._target_of(func), self.families)
+            if result is not None:
+                self.scheduled[name], again[gemms[name]] = result
         return again
+
+    def _target_of(self, func: tirx.PrimFunc) -> Target:
+        """The function's own `target` attribute where it has one, else the pass's."""
+        return func.attrs.get("target", self.target) if func.attrs is not None \
+            else self.target
 
 
 __all__ = ["VectorISA", "vector_isa", "CPU_RULE_FAMILIES", "Family", "dlight_family",

@@ -12,13 +12,14 @@ L2 (`benchmarks/cross_core.md`, Emerald Rapids: 1 MiB just written, read by the 
 Where every reader splits by channel in that order, the product's rule can give core t the
 rows (output channels) [t M / T, ...) instead.
 
-What it decides: `rows_per_core_hints(mod, funcs)` names the PrimFuncs whose every call's
-output is read, by every kernel that reads it, through a parallel loop whose thread chunks
-are contiguous channel ranges in order (`channel_chunks`): the channel index (dimension 1)
-of each read is g(v) * s + r, v the parallel loop's variable, g(v) = v or v // c, and r, from
-the other loops, in [0, s) (a depthwise convolution's channel loop, an element-wise kernel's
-fused (n, c) loop, a convolution's epilogue under tiles ordered weight panel first). The
-other dimensions may move with v too: a chunk then reads its channels at several positions.
+What it decides: `rows_per_core_hints(mod, funcs, candidates)` names the candidate PrimFuncs
+whose every call's output is read, by every kernel that reads it, through a parallel loop
+whose thread chunks are contiguous channel ranges in order (`channel_chunks`): the channel
+index (dimension 1) of each read is g(v) * s + r, v the parallel loop's variable, g(v) = v
+or v // c, and r, from the other loops, in [0, s) (a depthwise convolution's channel loop,
+an element-wise kernel's fused (n, c) loop, a convolution's epilogue under tiles ordered
+weight panel first). The other dimensions may move with v too: a chunk then reads its
+channels at several positions.
 `ApplyCPURules` sets the hint (`ROWS_PER_CORE_ATTR`) on those functions and schedules them
 again; the GEMM rule still applies its own conditions (`gemm.rows_per_core`).
 
@@ -33,6 +34,7 @@ from tvm import ir, relax, s_tir, tirx
 from tvm.sym import Analyzer
 from tvm_ffi import structural_map
 
+from ...lane_predicates import uses_var
 from .gemm import ROWS_PER_CORE_ATTR, get_sblock_realize
 
 CHANNEL = 1  # the channel dimension of an NCHW tensor
@@ -45,10 +47,6 @@ def _leaf_blocks(sch: s_tir.Schedule, parent=None) -> list:
         children = _leaf_blocks(sch, rv)
         out += [(rv, leaf) for _, leaf in children] if children else [(rv, rv)]
     return out
-
-
-def _vars(expr) -> list:
-    return list(tirx.analysis.undefined_vars(expr, []))
 
 
 def _terms(expr) -> list:
@@ -84,7 +82,7 @@ def _chunks_channels(index, loop_var, loops: list) -> bool:
             analyzer.bind(lp.loop_var, ir.Range.from_min_extent(lp.min, lp.extent))
     moving, rest = [], []
     for term in _terms(analyzer.simplify(index)):
-        (moving if any(v.same_as(loop_var) for v in _vars(term)) else rest).append(term)
+        (moving if uses_var(term, loop_var) else rest).append(term)
     if len(moving) != 1:
         return False
     stride = _stride_of(moving[0], loop_var)
@@ -92,10 +90,7 @@ def _chunks_channels(index, loop_var, loops: list) -> bool:
         return False
     if not rest:
         return True
-    offset = rest[0]
-    for term in rest[1:]:
-        offset = offset + term
-    bound = analyzer.const_int_bound(offset)
+    bound = analyzer.const_int_bound(sum(rest[1:], rest[0]))
     return bound.min_value >= 0 and bound.max_value < stride
 
 
@@ -180,21 +175,30 @@ def _other_uses(main: relax.Function) -> list:
     return used
 
 
-def rows_per_core_hints(mod: tvm.IRModule, funcs: dict) -> set:
-    """Names of the PrimFuncs of `mod` whose every call's output is read only by calls of
-    `funcs` (name -> scheduled PrimFunc) that read it in contiguous channel chunks
-    (`channel_chunks`)."""
+def rows_per_core_hints(mod: tvm.IRModule, funcs: dict, candidates: frozenset) -> set:
+    """Names among `candidates` of the PrimFuncs of `mod` whose every call's output is read
+    only by calls of `funcs` (name -> scheduled PrimFunc) that read it in contiguous channel
+    chunks (`channel_chunks`, judged once per reader and argument)."""
     main = _main(mod)
     if main is None:
         return set()
     sites = _call_tir_sites(main)
     elsewhere = _other_uses(main)
+    chunked: dict = {}
+
+    def reads_in_chunks(name: str, position: int) -> bool:
+        if (name, position) not in chunked:
+            chunked[name, position] = name in funcs and channel_chunks(
+                funcs[name], funcs[name].params[position])
+        return chunked[name, position]
+
     verdict: dict = {}
     for callee, _, out in sites:
+        if callee.name_hint not in candidates or not verdict.get(callee.name_hint, True):
+            continue
         reads = [(reader.name_hint, position) for reader, args, _ in sites
                  for position, arg in enumerate(args) if arg.same_as(out)]
-        ok = bool(reads) and not any(v.same_as(out) for v in elsewhere) and all(
-            name in funcs and channel_chunks(funcs[name], funcs[name].params[position])
-            for name, position in reads)
-        verdict[callee.name_hint] = verdict.get(callee.name_hint, True) and ok
+        verdict[callee.name_hint] = bool(reads) and \
+            not any(v.same_as(out) for v in elsewhere) and \
+            all(reads_in_chunks(name, position) for name, position in reads)
     return {name for name, ok in verdict.items() if ok}

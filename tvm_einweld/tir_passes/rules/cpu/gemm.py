@@ -398,9 +398,10 @@ def rows_per_core(batch: int, m: int, n: int, k: int, mr: int, mc: int, cores: i
     read by both cores; worth it where C is the larger (M >= 2K: MobileNetV2's 24 -> 144
     and 32 -> 192) and a core's rows of C stay in its L2 for the reader (at most half of it:
     beyond, both splits stream C through L3 and the row split only reads B twice; NAFNet's
-    32 -> 64 at 128 x 128, 2 MiB of C a core, 2.24 -> 2.40 ms with the split forced). The cycle model ranks both splits
-    alike (as many register blocks a core). Only for batch 1 (a batch splits by images
-    already), a single row tile and M a multiple of cores x mr (no padding)."""
+    32 -> 64 at 128 x 128, 2 MiB of C a core, 2.24 -> 2.40 ms with the split forced). The
+    cycle model ranks both splits alike (as many register blocks a core). Only for batch 1
+    (a batch splits by images already), a single row tile and M a multiple of cores x mr
+    (no padding)."""
     return (batch == 1 and cores > 1 and mc >= m and m >= 2 * k
             and m % (cores * mr) == 0 and m // cores * n <= l2_elements // 2)
 
