@@ -1,6 +1,8 @@
 """The analytic GEMM-class CPU rule (tir_passes/rules/cpu/gemm.py): numerics against numpy on
 odd shapes, epilogues, batch broadcasting, fp64, the compile-time weight-packing path through a
 Relax module on the VM, sizing invariants, and planted faults the numeric check must catch."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import tvm
@@ -881,3 +883,51 @@ def test_fma_pipes_come_from_the_target_cpu():
     assert (skx.bits, skx.fma_units, skx.masked) == (512, 2, True)
     zen2 = vector_isa(tvm.target.Target({"kind": "llvm", "mcpu": "znver2"}))
     assert (zen2.bits, zen2.fma_units, zen2.fma_latency) == (256, 2, 5)
+
+
+def test_constant_a_is_packed_into_row_panels():
+    """Weights on the left (an NCHW pointwise convolution: W[F, C] . X[C, HW]) reach the
+    kernel packed at compile time as row panels [S, M/mr, K, mr]; M = 29 is padded inside the
+    pack (zeros, not a clamp); results as numpy's."""
+    x, w = rand(1, 13, 5, 7), rand(29, 13, 1, 1)
+    mod = build([("x", (1, 13, 5, 7), "float32")],
+                lambda bb, xv: bb.emit(relax.op.nn.conv2d(xv, relax.const(w))))
+    ref = np.einsum("nchw,fc->nfhw", x, w[:, :, 0, 0])
+    np.testing.assert_allclose(compile_and_run(mod, x), ref, **tol("float32"))
+    low = lowered(mod)
+    (kernel,) = [f for _, f in low.functions_items() if isinstance(f, tirx.PrimFunc)]
+    shape = gemm.analyse(_pointwise_conv(13, 29, 5, 7))[2]
+    mr = gemm.plan(shape, TARGET).block.mr
+    panels = [tuple(int(d) for d in p.shape) for p in kernel.params if len(p.shape) == 4]
+    assert (1, -(-29 // mr), 13, mr) in panels, panels
+
+
+def test_in_place_b_rows_that_thrash_l1_are_packed():
+    """A run-time B whose K rows lie 4 KiB apart (a Winograd form's V[c, (i, j), t] with 16 x
+    64 tiles) shares its L1 sets, more rows than ways: read in place by many row blocks it is
+    packed instead (`_panel_thrashes`); few row blocks, or rows not 4 KiB apart, read it in
+    place. Results as numpy's through the packed path."""
+    caches = gemm.CacheSizes(48 * 1024, 2 * 1024 * 1024, 12)
+    block = gemm.RegisterBlock(mr=8, vectors=2, lanes=16)
+    tiling = gemm.Tiling(block, mc=256, kc=512)
+    aliased = gemm.GemmShape(16, 512, 64, 512, "float32", b_along_j=True, b_k_stride=1024)
+    assert gemm._panel_thrashes(aliased, tiling, caches)
+    assert not gemm._panel_thrashes(replace(aliased, m=64), tiling, caches)  # 8 row blocks
+    assert not gemm._panel_thrashes(replace(aliased, b_k_stride=576), tiling, caches)
+    assert not gemm._panel_thrashes(replace(aliased, k=12), tiling, caches)  # fits the ways
+    assert not gemm._panel_thrashes(aliased, tiling, None)
+
+    batches, m, k, t = 16, 300, 40, 64
+    plain = te.placeholder((k, batches, t), name="V")
+    weights = te.placeholder((batches, m, k), name="W")
+    r = te.reduce_axis((0, k), "c")
+    out = te.compute((batches, m, t), lambda s, f, j: te.sum(weights[s, f, r] * plain[r, s, j],
+                                                             axis=r), name="M")
+    shape = gemm.analyse(te.create_prim_func([weights, plain, out]))[2]
+    assert shape.b_along_j and shape.b_k_stride == batches * t
+    assert not gemm.b_in_place(shape, gemm.plan(shape, TARGET), gemm.cache_sizes(TARGET))
+    w, v = rand(batches, m, k), rand(k, batches, t)
+    einsum = build([("v", (k, batches, t), "float32")], lambda bb, vv: bb.emit(
+        relax.op.einsum([relax.const(w), vv], "kfc,ckt->kft")))
+    np.testing.assert_allclose(compile_and_run(einsum, v), np.einsum("kfc,ckt->kft", w, v),
+                               **tol("float32"))

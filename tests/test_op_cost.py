@@ -7,6 +7,7 @@ import math
 import os
 
 import pytest
+import tvm
 from tvm import relax
 
 from tvm_einweld import machine
@@ -82,6 +83,34 @@ def test_calls_timed_together_are_the_ones_program_kernels_then_finds(private_ca
     kernels = [op_cost.program_kernels(m, "llvm") for m in mods]
     assert all(len(k) == 1 and k[0].measured and k[0].seconds > 0 for k in kernels)
     assert len(json.loads(private_cache.read_text())) == 2
+
+
+def test_an_operand_folded_at_compile_time_is_timed_as_a_constant(private_cache,
+                                                                   monkeypatch):
+    """A matmul whose right operand is computed from constants only (a Winograd form's
+    transformed weights) is timed with that operand a constant, as the pipeline builds it
+    (its packing folded at compile time), not as a run-time input; the two are different
+    cache keys."""
+    import numpy as np
+
+    x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = bb.emit(relax.op.permute_dims(relax.const(np.ones((8, 32), "float32"))))
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, w)))
+        bb.emit_func_output(out)
+    timed = []
+    monkeypatch.setattr(op_cost, "measure_call", lambda call, *a, **k: timed.append(call) or 1e-6)
+    kernels = op_cost.program_kernels(bb.get(), "llvm")
+    assert [k.seconds for k in kernels] == [0.0, 1e-6]  # the transpose folds, the matmul runs
+    (call,) = timed
+    assert isinstance(call.args[0], relax.Var)
+    assert isinstance(call.args[1], tvm.ir.expr.Constant)
+    assert tuple(call.args[1].value.shape) == (32, 8)
+    assert "const float32[32, 8]" in op_cost.call_key(call, "llvm")
+    var = relax.op.matmul(x, relax.Var("w", relax.TensorType((32, 8), "float32")))
+    assert op_cost.call_key(var, "llvm") != op_cost.call_key(call, "llvm")
 
 
 def test_cache_key_names_the_package_version_and_its_code():

@@ -26,7 +26,9 @@ scalings. V is stored channel-major, [c, (i, j), t]: one tile vector's a^2 value
 a row of T apart, in distinct L1 sets. As [(i, j), c, t] they were C * T * 4 bytes apart, a
 multiple of 4 KiB when C = 512 (CSRNet), all in one set, each line written a vector at a
 time and evicted between: that transform took 318 us, 183 us channel-major (65 -> 11 us on
-one phase); the batched matmul reads either order through its pack of V (an einsum).
+one phase); the batched matmul (an einsum) reads V in place where its rows (a^2 * T
+elements apart) do not thrash L1 and packs it where they would (4 KiB apart, CSRNet's F(2, 3)
+on 512 channels: 3.6 -> 1.9 ms, `gemm._panel_thrashes`).
 `plans` offers one algorithm per convolution, by a roofline bound that charges the
 matmul's panels and U's bytes (F(4, 3) on 56x56 maps, F(2, 3) where F(4, 3)'s few tiles
 would leave the matmul's panels empty); the derivation pass times it against the direct
