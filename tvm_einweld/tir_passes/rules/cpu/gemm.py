@@ -145,9 +145,6 @@ L1_SET_PERIOD = 4096
 
 LAYOUT_REWRITE_ATTR = "meta_schedule.layout_rewrite_preproc"
 
-# Whether a constant A is packed into row panels at compile time (step 3).
-PACK_CONSTANT_A = True
-
 
 @dataclass(frozen=True)
 class RegisterBlock:
@@ -682,7 +679,9 @@ def _k_stride(block: s_tir.SBlock, region) -> int:
         term = rng.min * tirx.const(stride, str(rng.min.ty.dtype))
         flat, stride = term if flat is None else flat + term, stride * dim
     coefficients = detect_linear_equation(flat, [reduce[-1]])
-    return _static(coefficients[0]) or 0 if len(coefficients) == 2 else 0
+    if len(coefficients) != 2:
+        return 0
+    return _static(coefficients[0]) or 0
 
 
 def _used_vars(expr) -> set:
@@ -1074,7 +1073,7 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     # lays it out along K for the micro-kernel's broadcasts, as before the clamp).
     copy_a = shape.a_gather or (pad_m > 0 and not shape.a_along_k)
     a_block, b_block = _operand_blocks(sch, main, shape.a_read)
-    pack_a = PACK_CONSTANT_A and _reads_only_layout_free(sch, a_block, func)
+    pack_a = _reads_only_layout_free(sch, a_block, func)
     if pack_a:
         # A constant A (weights on the left: an NCHW pointwise convolution, a Winograd
         # form's batched matmul) is packed at compile time into row panels [S, I/mr, K, mr]:
