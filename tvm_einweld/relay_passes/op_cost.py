@@ -461,10 +461,11 @@ def _fold_constant_args(call, constant: set):
     return relax.Call(call.op, args, call.attrs, list(call.ty_args))
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=4)
 def _timing_constant(shape: Tuple[int, ...], dtype: str):
     """A constant of random values standing in for a folded operand while timing (values do
-    not change a kernel's time; one per shape, kept for the derivation's repeated costing)."""
+    not change a kernel's time); the last few are kept for the derivation's repeated costing
+    of one operator's candidates (a Winograd form's weights reach 38 MB)."""
     from tvm import relax
 
     from ..verify.inputs import random_array
