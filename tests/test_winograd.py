@@ -50,13 +50,15 @@ def test_planted_wrong_coefficient_is_refuted():
 
 
 @pytest.mark.parametrize("alg", W.ALGORITHMS, ids=lambda a: a.name)
-@pytest.mark.parametrize("lanes", [1, 8])
+@pytest.mark.parametrize("lanes", [1, 8, 16])
 @pytest.mark.parametrize("data,dtype", [((2, 3, 11, 13), "float32"), ((1, 2, 7, 30), "float32"),
                                         ((1, 2, 9, 9), "float64")])
 def test_transform_kernels_match_numpy(alg, lanes, data, dtype, rng):
     plan = _plan(alg, data, 5, dtype=dtype, lanes=lanes)
     n, c, hp, wp = W.padded_input_shape(plan)
-    (th, tw), (oh, ow), (m, a) = plan.tiles, plan.out_hw, (alg.m, alg.alpha)
+    (th, tiles_w), (oh, ow), (m, a) = plan.tiles, plan.out_hw, (alg.m, alg.alpha)
+    tw = plan.stored_columns  # (beyond tiles_w: columns the output transform never reads)
+    assert tw >= tiles_w and wp == tw * m + alg.r - 1
     bt, at = np.array(alg.bt, float), np.array(alg.at, float)
     x = rng.standard_normal((n, c, hp, wp)).astype(dtype)
     want = np.zeros((a * a, c, n * th * tw))

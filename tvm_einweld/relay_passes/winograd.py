@@ -169,11 +169,26 @@ class WinogradConv:
         return math.ceil(oh / self.alg.m), math.ceil(ow / self.alg.m)
 
     @property
+    def stored_columns(self) -> int:
+        """Tile columns V and M hold per tile row: the tiles', or where a row has fewer tiles
+        than the vector lanes and the next power of two adds at most a quarter, that power
+        of two, so that the input transform computes a row in one whole vector (its extra
+        tiles read zero padding; the matmul computes their columns, the output transform
+        never reads them). ResNet-18's 14 tiles a row (64 channels at 56x56) took two
+        overlapping 8-lane vectors, its 7 tiles (28x28, and 14x14 in F(2, 3)) two 4-lane
+        ones; the matmul pads those 196 and 49 columns to 224 and 64 anyway."""
+        tw = self.tiles[1]
+        whole = 1 << (tw - 1).bit_length()
+        if self.lanes <= 1 or tw >= self.lanes or 4 * (whole - tw) > tw:
+            return tw
+        return whole
+
+    @property
     def multiplies(self) -> int:
         """Multiply-adds of the batched matmul (the direct conv: N F C OH OW r^2)."""
-        th, tw = self.tiles
-        return self.alg.alpha ** 2 * self.phases.data[0] * th * tw * self.data[1] * \
-            self.weight[0]
+        th = self.tiles[0]
+        return self.alg.alpha ** 2 * self.phases.data[0] * th * self.stored_columns * \
+            self.data[1] * self.weight[0]
 
 
 def match(call: relax.Call, alg: Algorithm) -> Optional[WinogradConv]:
@@ -291,14 +306,15 @@ def _specialised(func: tvm.tirx.PrimFunc, dtype: str, *shapes: Tuple[int, ...]
 
 def padded_input_shape(conv: "WinogradConv") -> Tuple[int, int, int, int]:
     """The zero-padded input the input transform reads: every tile's window inside."""
-    (n, c, _, _), (th, tw), edge = conv.data, conv.tiles, conv.alg.r - 1
-    return n, c, th * conv.alg.m + edge, tw * conv.alg.m + edge
+    (n, c, _, _), th, edge = conv.data, conv.tiles[0], conv.alg.r - 1
+    return n, c, th * conv.alg.m + edge, conv.stored_columns * conv.alg.m + edge
 
 
-def _width(conv: "WinogradConv") -> int:
-    """The transforms' vector width: the target's lanes, or the largest power of two not above
-    the tile columns when there are fewer (a vector never reaches past the last column)."""
-    return min(conv.lanes, 1 << (conv.tiles[1].bit_length() - 1))
+def _width(conv: "WinogradConv", columns: int) -> int:
+    """A transform's vector width over `columns` tile columns: the target's lanes, or the
+    largest power of two not above the columns when there are fewer (a vector never reaches
+    past the last column)."""
+    return min(conv.lanes, 1 << (columns.bit_length() - 1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -317,9 +333,9 @@ def input_transform(conv: "WinogradConv") -> tvm.tirx.PrimFunc:
     """V[c, (i, j), t] = (B^T d_{c,t} B)[i, j] for every tile t = (n, ty, tx) of the padded
     input (`padded_input_shape`): the a x a window's rows (B^T d), then its columns, unrolled,
     the constant coefficients folded into adds and scalings."""
-    a, (n, c, _, _), (th, tw) = conv.alg.alpha, conv.data, conv.tiles
-    return _specialised(_input_kernel(conv.alg, conv.out_dtype, _width(conv)), conv.out_dtype,
-                        padded_input_shape(conv), (c, a * a, n * th * tw))
+    a, (n, c, _, _), th, tw = conv.alg.alpha, conv.data, conv.tiles[0], conv.stored_columns
+    return _specialised(_input_kernel(conv.alg, conv.out_dtype, _width(conv, tw)),
+                        conv.out_dtype, padded_input_shape(conv), (c, a * a, n * th * tw))
 
 
 @functools.lru_cache(maxsize=None)
@@ -327,7 +343,7 @@ def _output_kernel(alg: Algorithm, dtype: str, lanes: int, guarded: bool
                    ) -> tvm.tirx.PrimFunc:
     m, a = alg.m, alg.alpha
     th, tw = f"((oh + {m - 1}) // {m})", f"((ow + {m - 1}) // {m})"
-    tile = f"nc // f * {th} * {tw} + ty * {tw} + tx"
+    tile = f"nc // f * (t // n) + ty * (t // (n * {th})) + tx"  # t // (n th): stored columns
     lines = _staged(
         alg.at, alg.at, lambda i, j: f"mm[{i * a + j}, nc % f, {tile}]",
         (a, a), dtype, lambda k, l: f"y[nc // f, nc % f, ty * {m} + {k}, tx * {m} + {l}]",
@@ -344,8 +360,9 @@ def output_transform(conv: "WinogradConv") -> tvm.tirx.PrimFunc:
     alg, (n, _, _, _), f = conv.alg, conv.data, conv.weight[0]
     (th, tw), (oh, ow) = conv.tiles, conv.out_hw
     guarded = bool(oh % alg.m or ow % alg.m)
-    return _specialised(_output_kernel(alg, conv.out_dtype, _width(conv), guarded),
-                        conv.out_dtype, (alg.alpha ** 2, f, n * th * tw), (n, f, oh, ow))
+    return _specialised(_output_kernel(alg, conv.out_dtype, _width(conv, tw), guarded),
+                        conv.out_dtype, (alg.alpha ** 2, f, n * th * conv.stored_columns),
+                        (n, f, oh, ow))
 
 
 def _constant(rows, dtype: str) -> relax.Constant:
@@ -373,8 +390,7 @@ def emit(bb: relax.BlockBuilder, x: relax.Expr, w: relax.Expr, conv: WinogradCon
         return bb.emit(relax.op.reshape(y, (n, f, oh, ow)))
     alg, dtype = conv.alg, conv.out_dtype
     a, f, c = alg.alpha, conv.weight[0], conv.data[1]
-    th, tw = conv.tiles
-    tiles = conv.data[0] * th * tw
+    tiles = conv.data[0] * conv.tiles[0] * conv.stored_columns
     tag = f"winograd_f{alg.m}_{alg.r}"
     # Zero padding: the convolution's own in front, to whole tiles' windows behind.
     (_, _, h, wd), (top, left) = conv.data, conv.padding[:2]
@@ -417,7 +433,7 @@ def roofline_seconds(conv: WinogradConv, peaks: Peaks) -> float:
             peaks.bandwidth
     a, (n, c, _, _), f = conv.alg.alpha, conv.data, conv.weight[0]
     (th, tw), (oh, ow) = conv.tiles, conv.out_hw
-    tiles = n * th * tw
+    tiles = n * th * tw  # (the stored columns beyond tw fall inside the panels' rounding)
     panel = 2 * conv.lanes
     columns = math.ceil(tiles / panel) * panel
     gemm = max(2 * a * a * f * c * columns / peaks.flops, a * a * f * c * item / peaks.bandwidth)
