@@ -312,11 +312,11 @@ class _Groups:
         self.parent[self.find(a)] = self.find(b)
 
 
-def _join_shared_producers(graph: TileGraph, groups: _Groups, connected: set, possible,
-                           price, value) -> None:
+def _join_shared_producers(graph: TileGraph, groups: _Groups, connected: set,
+                           join: Callable[[str, str], bool]) -> None:
     """A node whose output has several consumers, all of them in one group after the edge
-    sweep, joins that group where together they price below apart: its output then lives
-    only in tiles, as a single consumer's does. (Welder's edge-by-edge sweep keeps every
+    sweep, joins that group where together they price below apart (`join`): its output then
+    lives only in tiles, as a single consumer's does. (Welder's edge-by-edge sweep keeps every
     multi-consumer tensor in memory; a LayerNorm over channels exported as ReduceMean, Sub,
     Mul, ReduceMean, ... has x - mean read by the square and by the division, which the sweep
     puts in one group without it: NAFNet's two such LayerNorms became one kernel each,
@@ -331,13 +331,7 @@ def _join_shared_producers(graph: TileGraph, groups: _Groups, connected: set, po
         roots = {groups.find(c.name) for c in consumers}
         if len(roots) != 1 or groups.find(node.name) in roots:
             continue
-        group = groups.members(consumers[0].name)
-        joined = groups.members(node.name) | group
-        if not possible(joined):
-            continue
-        apart = value(price(groups.members(node.name))) + value(price(group))
-        if value(price(joined, apart)) < apart:
-            groups.union(node.name, consumers[0].name)
+        if join(node.name, consumers[0].name):
             connected.update((node.name, c.name) for c in consumers)
 
 
@@ -420,27 +414,32 @@ def graph_connecting(graph: TileGraph, device: Device, topk: int = 4,
     def value(plan: GroupPlan | None) -> float:
         return float("inf") if plan is None else plan.latency
 
+    def join(a: str, b: str, warm: bool = False) -> bool:
+        """Unite the groups of nodes `a` and `b` where the joined group is possible and
+        prices below the two apart (`warm`: their kernels are first built in one batch,
+        `prefetch`); whether they were united."""
+        mine, theirs = groups.members(a), groups.members(b)
+        joined = mine | theirs
+        if not possible(joined):
+            return False
+        if warm and prefetch is not None:
+            subs = [subgraph(graph, names) for names in (mine, theirs, joined)
+                    if names not in best]
+            prefetch([sub for sub in subs if sub is not None and has_kernel(sub)])
+        apart = value(price(mine)) + value(price(theirs))
+        if value(price(joined, apart)) < apart:
+            groups.union(a, b)
+            return True
+        return False
+
     connected = set()
     for node in graph.nodes:
         consumers = graph.consumers(node.output)
         if len(consumers) != 1 or node.output in graph.outputs:
             continue  # multi-consumer (see `_join_shared_producers`) or returned: in DRAM
-        consumer = consumers[0]
-        joined = groups.members(node.name) | groups.members(consumer.name)
-        if not possible(joined):
-            continue
-        if prefetch is not None:
-            subs = [subgraph(graph, names) for names in
-                    (groups.members(node.name), groups.members(consumer.name), joined)
-                    if names not in best]
-            prefetch([sub for sub in subs if sub is not None and has_kernel(sub)])
-        apart = value(price(groups.members(node.name))) + value(price(
-            groups.members(consumer.name)))
-        together = price(joined, apart)
-        if value(together) < apart:
-            groups.union(node.name, consumer.name)
-            connected.add((node.name, consumer.name))
-    _join_shared_producers(graph, groups, connected, possible, price, value)
+        if join(node.name, consumers[0].name, warm=True):
+            connected.add((node.name, consumers[0].name))
+    _join_shared_producers(graph, groups, connected, join)
     plans = []
     for root in dict.fromkeys(groups.find(n.name) for n in graph.nodes):
         names = groups.members(root)

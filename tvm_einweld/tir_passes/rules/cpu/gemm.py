@@ -1082,9 +1082,11 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
         sch.transform_layout(a_block, ("write", 0), lambda s, i, k: (s, i // mr, k, i % mr))
         sch.annotate(a_block, LAYOUT_REWRITE_ATTR, True)
         sch.parallel(sch.get_loops(a_block)[0])
-    elif not copy_a:
+    elif copy_a:
+        _schedule_copy(sch, a_block, lanes)
+    else:
         sch.compute_inline(a_block)
-        a_block = None
+    a_in_place = not (pack_a or copy_a)
 
     # Step 3: B into panels [S, J/nr, K, nr], or read in place (`b_in_place`).
     if b_in_place(shape, tiling, cache_sizes(target)) and \
@@ -1096,8 +1098,6 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
         if _reads_only_layout_free(sch, b_block, func):
             sch.annotate(b_block, LAYOUT_REWRITE_ATTR, True)
         _schedule_pack(sch, b_block, nr, lanes)
-    if a_block is not None and not pack_a:
-        _schedule_copy(sch, a_block, lanes)
 
     # Step 4: tiles, register block, local accumulator, epilogue in the write-back.
     s, i, j, k = sch.get_loops(main)
@@ -1145,7 +1145,7 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     if tiling.kc >= shape.k and rows is None and b_block is not None:
         sch = _prefetch_following_tile(sch, tile, i_block, j_panel, k_inner, b_block,
                                        shape.batch, tiling, cache_sizes(target))
-    if pad_m and not copy_a and not pack_a:
+    if pad_m and a_in_place:
         sch = s_tir.Schedule(clamp_padded_rows(sch.mod["main"]))
     return sch, leftover
 
