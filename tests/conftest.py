@@ -70,6 +70,7 @@ def fresh_decisions(tmp_path, monkeypatch):
     from tvm_einweld import machine
 
     monkeypatch.setenv("TVM_EINWELD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(machine.DECISIONS_VAR, raising=False)
     monkeypatch.setattr(machine, "_TIMES", {})
     return tmp_path / "cache"
 

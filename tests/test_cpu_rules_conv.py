@@ -1,6 +1,7 @@
 """The analytic NCHW convolution rule (tir_passes/rules/cpu/conv.py): every conv kind of the
 zoo (1x1, 3x3, 7x7, stride 2, dilation, groups, depthwise, transposed) with fused epilogues,
 weights packed at compile time, against numpy and against stock (unscheduled) TVM."""
+import dataclasses
 import re
 
 import numpy as np
@@ -534,6 +535,46 @@ def test_rows_of_several_vectors_are_unrolled_vector_by_vector(monkeypatch, case
     out = run(conv_module(x_shape, w, bias=b, **attrs), x, direct)
     ref = numpy_conv2d(x, w, 1, attrs["padding"]) + b.reshape(1, -1, 1, 1)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_block_of_positions_may_end_past_the_last_position(monkeypatch):
+    """Rows as one axis of positions (28 x 28 = 784, over a batch of 2): a block of 3 vectors
+    (7 channels x 48 positions on AVX-512) does not divide them; the last tile of each image
+    ends past position 784, its tail kept from computing, reading and writing by split's
+    predicate. Against numpy, with bias, the block forced (the model's pick depends on the
+    host)."""
+    lanes = conv.vector_isa(TARGET).lanes("float32")
+    x_shape, w_shape, attrs = (2, 16, 28, 28), (21, 16, 15, 1), dict(padding=(7, 0))
+    block = conv.ConvBlock(7, 1, 3 * lanes, lanes)
+    assert (28 * 28) % block.xb  # the case: a ragged last tile
+    monkeypatch.setattr(conv, "choose_conv_block", lambda *args, **kwargs: block)
+    x, w, b = (RNG.standard_normal(s).astype("float32") for s in (x_shape, w_shape,
+                                                                  w_shape[:1]))
+    direct = tvm_einweld.pipeline(TARGET, derive_options={"winograd": False})
+    out = run(conv_module(x_shape, w, bias=b, **attrs), x, direct)
+    ref = numpy_conv2d(x, w, 1, attrs["padding"]) + b.reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_position_blocks_need_not_divide_the_positions():
+    """GCN's 15x1 convolutions to 21 channels at 28x28 on an AVX-512 core (48 KiB L1, 2 MiB
+    L2): the exact blocks of 784 = 49 x 16 positions are 1 or 7 vectors; over 128 input
+    channels, whose window streams from L2, the model takes 7 channels x 3 vectors (17 tiles,
+    measured 283 -> 258 us); over 21 channels it ties 7 x 3 with 7 x 2 and takes the one with
+    fewer positions past the end (7 x 2: 16 of 800; measured 64 -> 61 us). Rows that are not
+    positions keep exact blocks (`test_every_shape_gets_an_exact_block_that_fits`)."""
+    isa = VectorISA(512, 32, True, masked=True)
+    caches = conv.gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
+
+    def shape(channels):
+        return conv.ConvShape(1, 21, 1, 784, "float32", (1, 3, 7, 21),
+                              conv.ConvWindow(channels, (15, 1), (1, 1), (1, 1)), positions=True)
+
+    assert conv.position_blocks(shape(128), 16, 32)[:6] == [1, 2, 4, 7, 8, 14]
+    assert 48 in conv.position_blocks(shape(128), 16, 32)
+    assert 48 not in conv.position_blocks(dataclasses.replace(shape(128), positions=False), 16, 32)
+    assert conv.choose_conv_block(isa, shape(128), caches) == conv.ConvBlock(7, 1, 48, 16)
+    assert conv.choose_conv_block(isa, shape(21), caches) == conv.ConvBlock(7, 1, 32, 16)
 
 
 # The last phase of a 4x4/s2 transposed convolution as a tile kernel ends it (TileGraphFusion):

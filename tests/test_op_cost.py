@@ -26,6 +26,7 @@ def private_cache(monkeypatch):
     """A cache file of this test only, and an empty in-memory cache."""
     name = f"op_times_test_{os.getpid()}.json"
     monkeypatch.setattr(machine, "TIMES_FILE", name)
+    monkeypatch.delenv(machine.DECISIONS_VAR, raising=False)
     monkeypatch.setattr(machine, "_TIMES", {})
     yield machine.cache_dir() / name
     (machine.cache_dir() / name).unlink(missing_ok=True)
@@ -51,6 +52,28 @@ def test_time_call_is_cached_on_disk(private_cache, monkeypatch):
     w = relax.Var("w", relax.TensorType((4, 4, 3, 3), "float32"))
     assert op_cost.call_key(relax.op.nn.conv2d(x, w, padding=1), "llvm") != \
         op_cost.call_key(relax.op.nn.conv2d(x, w, padding=0), "llvm")
+
+
+def test_a_benchmark_keeps_its_own_decisions(private_cache, tmp_path, monkeypatch):
+    """Inside `own_decisions` a decision is taken and kept in the benchmark's file, not found
+    in (nor written to) the one earlier processes filled; the environment is restored after,
+    and a file the user named already is kept."""
+    calls = []
+    machine.cached("k", lambda: calls.append(1) or 1.0)  # an earlier process's decision
+    own = tmp_path / "work" / "decisions.json"
+    with machine.own_decisions(own) as used:
+        assert used == own and os.environ[machine.DECISIONS_VAR] == str(own)
+        assert machine.cached("k", lambda: calls.append(2) or 2.0) == 2.0  # taken afresh
+    assert calls == [1, 2]
+    assert json.loads(own.read_text()) == {"k": 2.0}
+    assert json.loads(private_cache.read_text()) == {"k": 1.0}
+    assert machine.DECISIONS_VAR not in os.environ
+    assert machine.cached("k", lambda: 3.0) == 1.0  # the user's file again
+    named = tmp_path / "mine.json"
+    monkeypatch.setenv(machine.DECISIONS_VAR, str(named))
+    with machine.own_decisions(own) as used:
+        assert used == named
+    assert os.environ[machine.DECISIONS_VAR] == str(named)
 
 
 def test_time_taken_on_a_busy_machine_is_kept_so_compiles_repeat(private_cache, monkeypatch):

@@ -8,6 +8,7 @@ while the machine was busy is used once but not cached, since its peaks read low
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -17,7 +18,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -206,6 +207,35 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0
 # --- measured decisions, kept on disk ------------------------------------------------------
 
 TIMES_FILE = "op_times.json"
+DECISIONS_VAR = "TVM_EINWELD_DECISIONS"
+
+
+def decisions_file() -> Path:
+    """Where `cached` keeps measured decisions: `$TVM_EINWELD_DECISIONS`, else TIMES_FILE in
+    `cache_dir()` (beside the measured machine facts, which it does not replace)."""
+    path = os.environ.get(DECISIONS_VAR)
+    return Path(path) if path else cache_dir() / TIMES_FILE
+
+
+@contextlib.contextmanager
+def own_decisions(path: Path) -> Iterator[Path]:
+    """Within the block, this process and the processes it starts keep measured decisions in
+    `path` (a benchmark's work dir), unless `$TVM_EINWELD_DECISIONS` names a file already: a
+    benchmark then compiles with decisions made in its own runs, not ones stored by earlier
+    processes of the same code version under other conditions (a heavy load, or an
+    experiment that swapped a schedule rule); a resumed run finds its own again. Yields the
+    file used; the environment is restored after the block."""
+    before = os.environ.get(DECISIONS_VAR)
+    if not before:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.environ[DECISIONS_VAR] = str(path)
+        _TIMES.clear()
+    try:
+        yield decisions_file()
+    finally:
+        if not before:
+            os.environ.pop(DECISIONS_VAR, None)
+            _TIMES.clear()
 
 
 @functools.lru_cache(maxsize=1)
@@ -223,6 +253,8 @@ def code_version() -> str:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return f"{__version__}+{digest.hexdigest()[:12]}"
+
+
 _TIMES: Dict[str, object] = {}
 
 
@@ -267,7 +299,7 @@ def cached_value(key: str) -> Optional[object]:
 
 def _load_times() -> Dict[str, object]:
     try:
-        return json.loads((cache_dir() / TIMES_FILE).read_text())
+        return json.loads(decisions_file().read_text())
     except (OSError, ValueError):
         return {}
 
@@ -277,7 +309,7 @@ def _store_time(key: str, value: object) -> None:
 
     stored = _load_times()  # re-read: other processes may have added entries
     stored[key] = value
-    path = cache_dir() / TIMES_FILE
+    path = decisions_file()
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as fh:
         json.dump(stored, fh, indent=0, sort_keys=True)

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from ..models import get_model
 from .harness import ModelResult, TimingPlan, benchmark_model
-from ..machine import (describe_machine, is_busy, load_average, row_round_trips,
+from ..machine import (describe_machine, is_busy, load_average, own_decisions, row_round_trips,
                        slow_round_trips, usable_cpus)
 from .report import SuiteResult
 from .runners import RUNNERS, Runner
@@ -126,7 +126,8 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
             isolated=config.plan.isolate,
         )
 
-    with tempfile.TemporaryDirectory(prefix="einweld_bench_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="einweld_bench_") as tmp, \
+            own_decisions(Path(config.work_dir or tmp) / "decisions.json"):
         work_dir = Path(config.work_dir or tmp)
         for name in config.models:
             entry = get_model(name)

@@ -60,7 +60,9 @@ vectors along the contiguous output row):
 
 Block sizes come from the GEMM model (`gemm.micro_cycles`, `gemm.fits_registers`): one code
 path sizes both kernel classes. mr divides F and yb, xb divide the output height / width, so
-every split is exact. For a depthwise (or any channel-per-group) convolution the data vector
+every split is exact, except along a row of positions, where a block of whole vectors may end
+past the last position (`position_blocks`: split's predicate keeps that tail from computing,
+reading or writing). For a depthwise (or any channel-per-group) convolution the data vector
 differs per output channel, so mr is 1 and the block grows along y and x instead.
 
 Correctness rests, as in gemm.py, on the schedule primitives (each checks its preconditions
@@ -149,6 +151,9 @@ class ConvShape:
     dtype: str
     rows_share_data: tuple[int, ...]  # the mr (divisors of F) whose rows read the same data
     window: ConvWindow | None = None  # None: no cache-traffic term in the block choice
+    # The output rows run as one axis of positions (`_flat_positions`: height 1, width H x W),
+    # where a block of whole vectors need not divide the width (see `position_blocks`).
+    positions: bool = False
 
     @property
     def itemsize(self) -> int:
@@ -166,6 +171,23 @@ def _divisors(value: int) -> list[int]:
     return [d for d in range(1, value + 1) if value % d == 0]
 
 
+def position_blocks(shape: ConvShape, lanes: int, registers: int) -> list[int]:
+    """The xb a block may take along the output width: its divisors, and where the rows run as
+    one axis of positions (`shape.positions`) any whole number of vectors too. The last tile
+    of positions then ends past the last one: `split` gives the block the predicate
+    `p < H x W`, which keeps the tail's lanes from computing, reading or writing (whole
+    vectors wherever it holds on every lane, `lane_predicates`). The exact blocks of
+    784 = 49 x 16 positions (GCN's 15x1 128 -> 21 at 28x28) are 1 or 7 vectors: 3 channels
+    x 7 vectors, or 21 x 1; with 3 vectors allowed, 7 channels x 3 vectors (17 tiles, the
+    last of 16 positions) read the input window a third as often: 283 -> 258 us, at 56x56
+    64 -> 21 493 -> 443 us (Emerald Rapids, 2 cores, one process, alternating)."""
+    blocks = _divisors(shape.width)
+    if shape.positions:
+        blocks += [v * lanes for v in range(1, registers)
+                   if v * lanes < shape.width and shape.width % (v * lanes)]
+    return sorted(blocks)
+
+
 def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = None
                       ) -> ConvBlock:
     """Minimise blocks x cycles per reduction step over exact (mr | F, yb | H, xb | W) blocks
@@ -181,7 +203,7 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
     lanes = isa.lanes(shape.dtype)
     candidates = []
     mrs = [d for d in shape.rows_share_data if d <= isa.registers]
-    for xb in _divisors(shape.width):
+    for xb in position_blocks(shape, lanes, isa.registers):
         if xb > lanes and xb % lanes:
             continue  # several vectors: whole ones
         xv = math.ceil(xb / lanes)
@@ -222,9 +244,12 @@ def choose_conv_block(isa, shape: ConvShape, caches: gemm.CacheSizes | None = No
                 # registers than loads per cycle the broadcasts cannot run ahead of the FMAs
                 # (8 ch x 14 positions, 16 of 16 registers: 55 GFLOP/s; 8 x 7: 93).
                 continue
-            count = (shape.channels // blk.mr) * (shape.height // blk.yb) * (shape.width // blk.xb)
+            count = (shape.channels // blk.mr) * (shape.height // blk.yb) * \
+                math.ceil(shape.width / blk.xb)
+            # Ties: fewer positions past the end (a position block's tail), then more
+            # accumulators.
             key = (count * max(_step_cycles(isa, blk, shape, caches)),
-                   -blk.broadcasts * blk.vectors)
+                   -shape.width % blk.xb, -blk.broadcasts * blk.vectors)
             if best is None or key < best[0]:
                 best = (key, blk)
         return best
@@ -325,7 +350,7 @@ def positions_outer(block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes 
     if caches is None or shape.window is None:
         return False
     channel_tiles = shape.channels // block.mr
-    position_tiles = shape.batch * (shape.height // block.yb) * (shape.width // block.xb)
+    position_tiles = shape.batch * (shape.height // block.yb) * math.ceil(shape.width / block.xb)
     window = shape.window.channels * _input_lines(block, shape) * CACHE_LINE
     return window <= caches.l1 and \
         gemm.beyond_l2(caches, data_bytes, weight_bytes, position_tiles) < \
@@ -570,7 +595,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     isa = vector_isa(target)
     flat = _flat_positions(sch, conv, data_index, shape, isa.lanes(shape.dtype))
     if flat:
-        shape = replace(shape, height=1, width=shape.height * shape.width)
+        shape = replace(shape, height=1, width=shape.height * shape.width, positions=True)
     caches = gemm.cache_sizes(target)
     block = block or choose_conv_block(isa, shape, caches)
     mr = block.mr
@@ -712,7 +737,16 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         # Each panel's first tile would fetch the whole panel at once (`prefetch`).
         per_panel = int(sch.get(tile).extent) // (shape.batch * count)
         following, share = next_panel_of_tile(sch.get(tile).loop_var, per_panel, count)
-        sch = s_tir.Schedule(prefetch_next_panel(
+        hinted = prefetch_next_panel(
             sch.mod["main"], sch.get(reduction[0]).loop_var, sch.get(pack).writes[0].source,
-            [following], share, per_panel))
+            [following], share, per_panel)
+        try:
+            sch = s_tir.Schedule(hinted)
+        except tvm.error.InternalError:
+            # A copy made in loop_partition's pieces (rows of positions whose ends are partial
+            # vectors) defines a block's variables twice: TVM 0.27 lowers such a function but
+            # schedules it no further (`rules._schedulable`). Kept without the hints, instead
+            # of the whole rule failing (GCN-like 15x1 512 -> 42 at 12x20 had lost its
+            # schedule so).
+            pass
     return sch
