@@ -1323,7 +1323,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.output.with_suffix(".json").write_text(json.dumps(dataclasses.asdict(report),
                                                                indent=1))
 
-    with machine.own_decisions(args.work_dir / "decisions.json"):
+    with machine.own_decisions(args.work_dir):
         rows, untuned = run_rows(chosen, specs, plan, args.work_dir, log, write)
     line = line.remeasured()
     log(line.describe())

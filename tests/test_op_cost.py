@@ -6,6 +6,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 import tvm
 from tvm import relax
@@ -60,8 +61,8 @@ def test_a_benchmark_keeps_its_own_decisions(private_cache, tmp_path, monkeypatc
     and a file the user named already is kept."""
     calls = []
     machine.cached("k", lambda: calls.append(1) or 1.0)  # an earlier process's decision
-    own = tmp_path / "work" / "decisions.json"
-    with machine.own_decisions(own) as used:
+    own = tmp_path / "work" / machine.DECISIONS_FILE
+    with machine.own_decisions(own.parent) as used:
         assert used == own and os.environ[machine.DECISIONS_VAR] == str(own)
         assert machine.cached("k", lambda: calls.append(2) or 2.0) == 2.0  # taken afresh
     assert calls == [1, 2]
@@ -71,7 +72,7 @@ def test_a_benchmark_keeps_its_own_decisions(private_cache, tmp_path, monkeypatc
     assert machine.cached("k", lambda: 3.0) == 1.0  # the user's file again
     named = tmp_path / "mine.json"
     monkeypatch.setenv(machine.DECISIONS_VAR, str(named))
-    with machine.own_decisions(own) as used:
+    with machine.own_decisions(own.parent) as used:
         assert used == named
     assert os.environ[machine.DECISIONS_VAR] == str(named)
 
@@ -114,8 +115,6 @@ def test_an_operand_folded_at_compile_time_is_timed_as_a_constant(private_cache,
     transformed weights) is timed with that operand a constant, as the pipeline builds it
     (its packing folded at compile time), not as a run-time input; the two are different
     cache keys."""
-    import numpy as np
-
     x = relax.Var("x", relax.TensorType((16, 32), "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):

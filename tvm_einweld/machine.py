@@ -208,6 +208,7 @@ def best_seconds(fn: Callable[[], object], repeats: int = 5, min_time: float = 0
 
 TIMES_FILE = "op_times.json"
 DECISIONS_VAR = "TVM_EINWELD_DECISIONS"
+DECISIONS_FILE = "decisions.json"  # in a benchmark's work dir (`own_decisions`)
 
 
 def decisions_file() -> Path:
@@ -218,17 +219,17 @@ def decisions_file() -> Path:
 
 
 @contextlib.contextmanager
-def own_decisions(path: Path) -> Iterator[Path]:
+def own_decisions(work_dir: Path) -> Iterator[Path]:
     """Within the block, this process and the processes it starts keep measured decisions in
-    `path` (a benchmark's work dir), unless `$TVM_EINWELD_DECISIONS` names a file already: a
-    benchmark then compiles with decisions made in its own runs, not ones stored by earlier
-    processes of the same code version under other conditions (a heavy load, or an
-    experiment that swapped a schedule rule); a resumed run finds its own again. Yields the
-    file used; the environment is restored after the block."""
+    `work_dir` (a benchmark's; file DECISIONS_FILE), unless `$TVM_EINWELD_DECISIONS` names a
+    file already: a benchmark then compiles with decisions made in its own runs, not ones
+    stored by earlier processes of the same code version under other conditions (a heavy
+    load, or an experiment that swapped a schedule rule); a resumed run finds its own again.
+    Yields the file used; the environment is restored after the block."""
     before = os.environ.get(DECISIONS_VAR)
     if not before:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.environ[DECISIONS_VAR] = str(path)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        os.environ[DECISIONS_VAR] = str(work_dir / DECISIONS_FILE)
         _TIMES.clear()
     try:
         yield decisions_file()

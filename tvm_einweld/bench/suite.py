@@ -5,6 +5,7 @@ and FULL fix what each measures so the committed reports are reproducible.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import shlex
@@ -126,9 +127,10 @@ def run_suite(config: BenchConfig, command: Optional[str] = None,
             isolated=config.plan.isolate,
         )
 
-    with tempfile.TemporaryDirectory(prefix="einweld_bench_") as tmp, \
-            own_decisions(Path(config.work_dir or tmp) / "decisions.json"):
-        work_dir = Path(config.work_dir or tmp)
+    with contextlib.ExitStack() as stack:
+        work_dir = Path(config.work_dir or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="einweld_bench_")))
+        stack.enter_context(own_decisions(work_dir))
         for name in config.models:
             entry = get_model(name)
             for batch in config.batches:

@@ -88,7 +88,8 @@ from tvm.target import Target
 
 from . import gemm, injective
 from .isa import CACHE_LINE, vector_isa
-from .prefetch import next_panel_of_tile, prefetch_fits, prefetch_next_panel
+from .prefetch import (hinted_schedule, next_panel_of_tile, prefetch_fits,
+                       prefetch_next_panel)
 
 # Register-block rows along the output height are unrolled code; beyond this the unrolled
 # body gets long without adding accumulators the register file could hold anyway.
@@ -737,16 +738,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         # Each panel's first tile would fetch the whole panel at once (`prefetch`).
         per_panel = int(sch.get(tile).extent) // (shape.batch * count)
         following, share = next_panel_of_tile(sch.get(tile).loop_var, per_panel, count)
-        hinted = prefetch_next_panel(
+        sch = hinted_schedule(sch, prefetch_next_panel(
             sch.mod["main"], sch.get(reduction[0]).loop_var, sch.get(pack).writes[0].source,
-            [following], share, per_panel)
-        try:
-            sch = s_tir.Schedule(hinted)
-        except tvm.error.InternalError:
-            # A copy made in loop_partition's pieces (rows of positions whose ends are partial
-            # vectors) defines a block's variables twice: TVM 0.27 lowers such a function but
-            # schedules it no further (`rules._schedulable`). Kept without the hints, instead
-            # of the whole rule failing (GCN-like 15x1 512 -> 42 at 12x20 had lost its
-            # schedule so).
-            pass
+            [following], share, per_panel))
     return sch

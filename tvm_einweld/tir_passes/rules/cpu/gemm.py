@@ -89,7 +89,8 @@ from tvm_ffi import structural_map
 
 from .fast_math import ExprRewriter
 from .isa import VectorISA, vector_isa
-from .prefetch import next_panel_of_tile, prefetch_fits, prefetch_next_panel
+from .prefetch import (hinted_schedule, next_panel_of_tile, prefetch_fits,
+                       prefetch_next_panel)
 
 # (schedule, block) -> the block's SBlockRealize (its predicate and iter values); the one
 # lookup of it for the CPU rules and the Welder code generator.
@@ -1089,13 +1090,13 @@ def _schedule_tiles(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, shape: G
     a_in_place = not (pack_a or copy_a)
 
     # Step 3: B into panels [S, J/nr, K, nr], or read in place (`b_in_place`).
-    if b_in_place(shape, tiling, cache_sizes(target)) and \
-            not _reads_only_layout_free(sch, b_block, func):
+    b_constant = _reads_only_layout_free(sch, b_block, func)
+    if b_in_place(shape, tiling, cache_sizes(target)) and not b_constant:
         sch.compute_inline(b_block)
         b_block = None
     else:
         sch.transform_layout(b_block, ("write", 0), lambda s, j, k: (s, j // nr, k, j % nr))
-        if _reads_only_layout_free(sch, b_block, func):
+        if b_constant:
             sch.annotate(b_block, LAYOUT_REWRITE_ATTR, True)
         _schedule_pack(sch, b_block, nr, lanes)
 
@@ -1220,7 +1221,7 @@ def _prefetch_following_tile(sch: s_tir.Schedule, tile: s_tir.schedule.LoopRV,
     column = tirx.floormod(following, groups) * group
     if j_panel is not None:
         column = column + sch.get(j_panel).loop_var
-    return s_tir.Schedule(prefetch_next_panel(
+    return hinted_schedule(sch, prefetch_next_panel(
         sch.mod["main"], sch.get(k).loop_var, panels,
         [tirx.floordiv(following, groups), column], share, shares))
 

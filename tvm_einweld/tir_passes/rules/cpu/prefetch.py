@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm_ffi import structural_mutate
 
 from .isa import CACHE_LINE
@@ -151,3 +151,16 @@ def prefetch_next_panel(func: tirx.PrimFunc, step_var: tirx.Var, panels: tirx.Bu
 
     result = structural_mutate(func, [(tirx.For, visit)])
     return result if found else func
+
+
+def hinted_schedule(sch: s_tir.Schedule, hinted: tirx.PrimFunc) -> s_tir.Schedule:
+    """A Schedule of `hinted` (`sch`'s function with `prefetch_next_panel`'s hints), or `sch`
+    itself where TVM 0.27 refuses the hinted function: a copy made in loop_partition's
+    pieces (rows of positions whose ends are partial vectors) defines a block's variables
+    twice, which TVM lowers but schedules no further (`rules._schedulable`). The kernel
+    then runs without the hints instead of its whole rule failing (a 15x1 convolution
+    512 -> 42 at 12x20 had lost its schedule so)."""
+    try:
+        return s_tir.Schedule(hinted)
+    except tvm.error.InternalError:
+        return sch
