@@ -556,6 +556,52 @@ def test_a_block_of_positions_may_end_past_the_last_position(monkeypatch):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attrs,private", [
+    ((2, 16, 28, 28), (21, 16, 15, 1), dict(padding=(7, 0)), True),
+    ((1, 5, 16, 12), (7, 5, 7, 1), dict(padding=(3, 0)), True),
+    ((2, 8, 20, 24), (12, 8, 5, 1), dict(padding=(4, 0), dilation=(2, 1)), True),
+    ((1, 16, 28, 28), (21, 16, 15, 1), dict(padding=(7, 0)), False),
+], ids=["batch2_ragged_tiles", "odd_channels", "dilated_batch2", "shared_copy"])
+def test_a_copy_of_the_padded_input_per_core(monkeypatch, x_shape, w_shape, attrs, private):
+    """Rows as one axis of positions, each core copying the whole padded input before its
+    share of the tiles (`private_copy`, forced either way: it depends on the host's L2): the
+    copy sits inside the parallel loop of the tiles (or, shared, in a parallel loop of its
+    own), and the result matches numpy with bias and ReLU, where the tiles do not divide
+    among the cores (the core split's predicate), over a batch, dilated."""
+    monkeypatch.setattr(conv, "private_copy", lambda *args: private)
+    x = RNG.standard_normal(x_shape).astype("float32")
+    w = RNG.standard_normal(w_shape).astype("float32")
+    b = RNG.standard_normal(w_shape[0]).astype("float32")
+    mod = conv_module(x_shape, w, bias=b, relu=True, **attrs)
+    with TARGET:
+        from tvm.relax.backend.cpu_generic import pipeline as cpu
+        low = tvm.transform.Sequential(cpu.legalize_passes(TARGET))(mod)
+    (func,) = [f for f in low.functions.values() if isinstance(f, tirx.PrimFunc)]
+    sch = conv.schedule_conv(func, TARGET)
+    (pad,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+              if sch.get(b).name_hint.startswith("pad_temp")]
+    (update,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+                 if sch.get(b).name_hint.endswith("conv2d_nchw_update")]
+    copy_outer, conv_outer = (sch.get(sch.get_loops(b)[0]) for b in (pad, update))
+    assert copy_outer.kind == conv_outer.kind == tirx.ForKind.PARALLEL
+    assert copy_outer.same_as(conv_outer) == private
+    direct = tvm_einweld.pipeline(TARGET, derive_options={"winograd": False})
+    ref = numpy_conv2d(x, w, pad=attrs["padding"], dilation=attrs.get("dilation", 1))
+    np.testing.assert_allclose(run(mod, x, direct),
+                               np.maximum(ref + b.reshape(1, -1, 1, 1), 0), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_a_private_copy_only_where_it_and_the_weights_fit_half_of_l2():
+    """GCN's 15x1 convolutions on 2 MiB of L2: 128 -> 21 at 28x28 (602 KiB copy, 161 KiB
+    weights) copies per core, 64 -> 21 at 56x56 (0.96 MiB, 81 KiB: measured no gain) shares
+    one copy; no cache model, no private copy."""
+    caches = conv.gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
+    assert conv.private_copy(caches, 4 * 128 * 42 * 28, 4 * 21 * 128 * 15)
+    assert not conv.private_copy(caches, 4 * 64 * 70 * 56, 4 * 21 * 64 * 15)
+    assert not conv.private_copy(None, 4, 4)
+
+
 def test_position_blocks_need_not_divide_the_positions():
     """GCN's 15x1 convolutions to 21 channels at 28x28 on an AVX-512 core (48 KiB L1, 2 MiB
     L2): the exact blocks of 784 = 49 x 16 positions are 1 or 7 vectors; over 128 input

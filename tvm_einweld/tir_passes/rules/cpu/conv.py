@@ -29,7 +29,10 @@ vectors along the contiguous output row):
    into a buffer that stays in its L2, then runs the band's tiles (GCN 11.0 -> 10.1 ms,
    DCGAN 1.11 -> 0.93 ms, FSRCNN 228 -> 201 us; strided, in the column phases below:
    ResNet-18's 7x7/s2 3 -> 64 at 224x224 808-816 -> 700-739 us, 3x3/s2 64 -> 128 at 56x56
-   424-431 -> 388-403 us).
+   424-431 -> 388-403 us). Where the output rows run as one axis of positions (step 3) and
+   the copy with the weights fits half of L2, each core copies the whole padded input before
+   its share of the tiles instead (`private_copy`): one shared copy, written half by each
+   core and read whole by both, moved its lines between the cores at every call.
    With a column stride s, that copy is stored in s column phases ([.., W] -> [.., s, W/s],
    zero-padded): output column x, kernel column kx reads phase kx % s at x + kx // s, so a
    row of outputs is a contiguous vector again (a stride-2 3x3 conv went 3x faster). The
@@ -392,6 +395,21 @@ def copy_band(shape: ConvShape, block: ConvBlock, caches: gemm.CacheSizes, cores
     return max(fits, default=None)
 
 
+def private_copy(caches: gemm.CacheSizes | None, copy_bytes: int, weight_bytes: int) -> bool:
+    """Whether each core makes its own copy of the whole padded input, where no band of
+    rows splits it (`copy_band`; GCN's 15x1 convolutions, whose rows run as one axis of
+    positions). One copy made in parallel over channels is written half by each core and
+    then read whole by both: at every call each core's writes invalidate the lines the other
+    read in the last one (GCN's 15x1 128 -> 21 at 28x28: the copy took 56 us on two cores,
+    20 us on one). A copy per core, made in its first tile, stays in its own L2 and is
+    read from there by its tiles. It costs a copy per core instead of one shared, so only
+    where the copy and the weights fit in half of L2 (Emerald Rapids, 2 cores, one process,
+    alternating: 128 -> 21 at 28x28, 602 KiB copy, 264 -> 217 us; 21 -> 21 at 56x56,
+    330 KiB, 173 -> 147-166 us, at 28x28 59 -> 40 us; 64 -> 21 at 56x56, 0.96 MiB, measured
+    no gain, 484 -> 491-513 us)."""
+    return caches is not None and copy_bytes + weight_bytes <= caches.l2 // 2
+
+
 def _step_cycles(isa, block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes | None
                  ) -> tuple[Fraction, Fraction]:
     """(register-model cycles, L2-streaming cycles) of one reduction step of `block`."""
@@ -568,6 +586,10 @@ def _flat_positions(sch: s_tir.Schedule, conv, data_index: int, shape: ConvShape
     return shape.width % lanes != 0 and shape.height * shape.width % lanes == 0
 
 
+def _bytes(buffer) -> int:
+    return tvm.runtime.DataType(buffer.dtype).bits // 8 * math.prod(int(d) for d in buffer.shape)
+
+
 def _producers_of(sch, block, buffer) -> list:
     return [p for p in sch.get_producers(block)
             if any(w.source.same_as(buffer) for w in sch.get(p).writes)]
@@ -685,9 +707,8 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         _vectorize_copy(sch, producers[0], target)
     else:
         reads = sch.get(conv).reads
-        data_bytes, weight_bytes = (shape.itemsize * math.prod(int(d) for d in buf.shape)
-                                    for buf in (reads[data_index].source,
-                                                reads[weight_index].source))
+        data_bytes, weight_bytes = (_bytes(reads[data_index].source),
+                                    _bytes(reads[weight_index].source))
         band = None
         if not flat and len(producers) == 1:
             copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, (phases,) columns]
@@ -702,6 +723,16 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             outer = sch.fuse(n, bands)
             sch.parallel(outer)
             tile = sch.fuse(y_in, x_tile, f_tile)
+            sch.compute_at(producers[0], outer, preserve_unit_loops=True)
+            _vectorize_copy(sch, producers[0], target)
+        elif flat and len(producers) == 1 and private_copy(
+                caches, _bytes(sch.get(producers[0]).writes[0].source), weight_bytes):
+            # A copy of the padded input per core (`private_copy`), made before the core's
+            # share of the tiles (weight panel by panel, as below).
+            tiles = (n, f_tile, y_tile, x_tile)
+            sch.reorder(*tiles)
+            outer, tile = sch.split(sch.fuse(*tiles), [cores, None])
+            sch.parallel(outer)
             sch.compute_at(producers[0], outer, preserve_unit_loops=True)
             _vectorize_copy(sch, producers[0], target)
         else:
