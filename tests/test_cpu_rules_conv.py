@@ -556,19 +556,24 @@ def test_a_block_of_positions_may_end_past_the_last_position(monkeypatch):
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("x_shape,w_shape,attrs,private", [
-    ((2, 16, 28, 28), (21, 16, 15, 1), dict(padding=(7, 0)), True),
-    ((1, 5, 16, 12), (7, 5, 7, 1), dict(padding=(3, 0)), True),
-    ((2, 8, 20, 24), (12, 8, 5, 1), dict(padding=(4, 0), dilation=(2, 1)), True),
-    ((1, 16, 28, 28), (21, 16, 15, 1), dict(padding=(7, 0)), False),
-], ids=["batch2_ragged_tiles", "odd_channels", "dilated_batch2", "shared_copy"])
-def test_a_copy_of_the_padded_input_per_core(monkeypatch, x_shape, w_shape, attrs, private):
-    """Rows as one axis of positions, each core copying the whole padded input before its
-    share of the tiles (`private_copy`, forced either way: it depends on the host's L2): the
-    copy sits inside the parallel loop of the tiles (or, shared, in a parallel loop of its
-    own), and the result matches numpy with bias and ReLU, where the tiles do not divide
-    among the cores (the core split's predicate), over a batch, dilated."""
-    monkeypatch.setattr(conv, "private_copy", lambda *args: private)
+@pytest.mark.parametrize("x_shape,w_shape,attrs,mode", [
+    ((2, 16, 28, 28), (21, 16, 15, 1), dict(padding=(7, 0)), conv.WHOLE),
+    ((1, 5, 16, 12), (7, 5, 7, 1), dict(padding=(3, 0)), conv.PART),
+    ((2, 8, 20, 24), (12, 8, 5, 1), dict(padding=(4, 0), dilation=(2, 1)), conv.PART),
+    ((1, 16, 28, 28), (21, 16, 15, 1), dict(padding=(7, 0)), None),
+], ids=["whole_batch2_ragged_tiles", "part_odd_channels", "part_dilated_batch2", "shared"])
+def test_a_copy_of_the_padded_input_per_core(monkeypatch, x_shape, w_shape, attrs, mode):
+    """Rows as one axis of positions, each core copying the rows its share of the positions
+    reads (PART: 192 and 480 positions, whole vectors per core) or the whole padded input
+    (WHOLE: 784 positions, 49 vectors) before its share of the tiles (`core_copy`, forced:
+    which one depends on the host's L2): the copy sits inside the parallel loop of the tiles
+    (shared: in a parallel loop of its own), and the result matches numpy with bias and ReLU,
+    where the tiles do not divide among the cores, over a batch, dilated."""
+    def forced(caches, whole, part, weight_bytes):
+        assert (part is not None) == (mode == conv.PART) or mode is None
+        return mode
+
+    monkeypatch.setattr(conv, "core_copy", forced)
     x = RNG.standard_normal(x_shape).astype("float32")
     w = RNG.standard_normal(w_shape).astype("float32")
     b = RNG.standard_normal(w_shape[0]).astype("float32")
@@ -584,7 +589,7 @@ def test_a_copy_of_the_padded_input_per_core(monkeypatch, x_shape, w_shape, attr
                  if sch.get(b).name_hint.endswith("conv2d_nchw_update")]
     copy_outer, conv_outer = (sch.get(sch.get_loops(b)[0]) for b in (pad, update))
     assert copy_outer.kind == conv_outer.kind == tirx.ForKind.PARALLEL
-    assert copy_outer.same_as(conv_outer) == private
+    assert copy_outer.same_as(conv_outer) == (mode is not None)
     direct = tvm_einweld.pipeline(TARGET, derive_options={"winograd": False})
     ref = numpy_conv2d(x, w, pad=attrs["padding"], dilation=attrs.get("dilation", 1))
     np.testing.assert_allclose(run(mod, x, direct),
@@ -592,14 +597,18 @@ def test_a_copy_of_the_padded_input_per_core(monkeypatch, x_shape, w_shape, attr
                                atol=1e-4)
 
 
-def test_a_private_copy_only_where_it_and_the_weights_fit_half_of_l2():
-    """GCN's 15x1 convolutions on 2 MiB of L2: 128 -> 21 at 28x28 (602 KiB copy, 161 KiB
-    weights) copies per core, 64 -> 21 at 56x56 (0.96 MiB, 81 KiB: measured no gain) shares
-    one copy; no cache model, no private copy."""
+def test_a_copy_per_core_only_where_it_and_the_weights_fit_half_of_l2():
+    """GCN's 15x1 convolutions on 2 MiB of L2: 128 -> 21 at 28x28 (49 vectors of positions:
+    no part per core; the whole 602 KiB copy and 161 KiB of weights fit) copies the whole
+    input per core; 64 -> 21 at 56x56 copies the 43 rows one core's half reads (the whole
+    0.96 MiB copy would not fit), or shares one copy where its positions do not split; no
+    cache model, one shared copy."""
     caches = conv.gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
-    assert conv.private_copy(caches, 4 * 128 * 42 * 28, 4 * 21 * 128 * 15)
-    assert not conv.private_copy(caches, 4 * 64 * 70 * 56, 4 * 21 * 64 * 15)
-    assert not conv.private_copy(None, 4, 4)
+    assert conv.core_copy(caches, 4 * 128 * 42 * 28, None, 4 * 21 * 128 * 15) == conv.WHOLE
+    row = 4 * 64 * 56
+    assert conv.core_copy(caches, 70 * row, 43 * row, 4 * 21 * 64 * 15) == conv.PART
+    assert conv.core_copy(caches, 70 * row, None, 4 * 21 * 64 * 15) is None
+    assert conv.core_copy(None, 4, 4, 4) is None
 
 
 def test_position_blocks_need_not_divide_the_positions():

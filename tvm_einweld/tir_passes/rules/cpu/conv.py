@@ -29,10 +29,11 @@ vectors along the contiguous output row):
    into a buffer that stays in its L2, then runs the band's tiles (GCN 11.0 -> 10.1 ms,
    DCGAN 1.11 -> 0.93 ms, FSRCNN 228 -> 201 us; strided, in the column phases below:
    ResNet-18's 7x7/s2 3 -> 64 at 224x224 808-816 -> 700-739 us, 3x3/s2 64 -> 128 at 56x56
-   424-431 -> 388-403 us). Where the output rows run as one axis of positions (step 3) and
-   the copy with the weights fits half of L2, each core copies the whole padded input before
-   its share of the tiles instead (`private_copy`): one shared copy, written half by each
-   core and read whole by both, moved its lines between the cores at every call.
+   424-431 -> 388-403 us). Where the output rows run as one axis of positions (step 3) the
+   copy is made per core instead, when it fits half of L2 with the weights (`core_copy`):
+   each core copies the rows its share of the positions reads, or the whole input where
+   the positions do not split into whole vectors per core. One copy shared by the cores
+   moved its lines between them at every call.
    With a column stride s, that copy is stored in s column phases ([.., W] -> [.., s, W/s],
    zero-padded): output column x, kernel column kx reads phase kx % s at x + kx // s, so a
    row of outputs is a contiguous vector again (a stride-2 3x3 conv went 3x faster). The
@@ -395,19 +396,34 @@ def copy_band(shape: ConvShape, block: ConvBlock, caches: gemm.CacheSizes, cores
     return max(fits, default=None)
 
 
-def private_copy(caches: gemm.CacheSizes | None, copy_bytes: int, weight_bytes: int) -> bool:
-    """Whether each core makes its own copy of the whole padded input, where no band of
-    rows splits it (`copy_band`; GCN's 15x1 convolutions, whose rows run as one axis of
-    positions). One copy made in parallel over channels is written half by each core and
-    then read whole by both: at every call each core's writes invalidate the lines the other
-    read in the last one (GCN's 15x1 128 -> 21 at 28x28: the copy took 56 us on two cores,
-    20 us on one). A copy per core, made in its first tile, stays in its own L2 and is
-    read from there by its tiles. It costs a copy per core instead of one shared, so only
-    where the copy and the weights fit in half of L2 (Emerald Rapids, 2 cores, one process,
-    alternating: 128 -> 21 at 28x28, 602 KiB copy, 264 -> 217 us; 21 -> 21 at 56x56,
-    330 KiB, 173 -> 147-166 us, at 28x28 59 -> 40 us; 64 -> 21 at 56x56, 0.96 MiB, measured
-    no gain, 484 -> 491-513 us)."""
-    return caches is not None and copy_bytes + weight_bytes <= caches.l2 // 2
+# How each core gets the padded input of a convolution whose rows run as one axis of positions
+# (`core_copy`): its own copy of the rows its positions read, or of the whole input.
+PART, WHOLE = "part", "whole"
+
+
+def core_copy(caches: gemm.CacheSizes | None, whole: int, part: int | None,
+              weight_bytes: int) -> str | None:
+    """How the cores copy the padded input where its rows run as one axis of positions and no
+    band of rows splits it (`copy_band`; GCN's 15x1 convolutions): PART, WHOLE, or None for
+    one copy shared by the cores.
+
+    One copy made in parallel over channels is written half by each core and then read whole
+    by both: at every call each core's writes invalidate the lines the other read in the last
+    one (GCN's 15x1 128 -> 21 at 28x28: the copy took 56 us on two cores, 20 us on one). A
+    copy per core, made before its share of the tiles, stays in its own L2. PART: the
+    positions split into whole vectors per core (`part`: the bytes of the rows one core's
+    positions read, with the window's halo; None where they do not split so), and each core
+    copies those rows; else WHOLE: each core copies the whole input (`whole` bytes). Either
+    only where that copy and the weights fit half of L2 (Emerald Rapids, 2 cores, one
+    process, alternating: 128 -> 21 at 28x28, 49 vectors of positions, WHOLE copies of
+    602 KiB: 258 -> 213 us; 21 -> 21 at 28x28 60 -> 41 us; 64 -> 21 at 56x56, a 0.96 MiB
+    copy, PART: 457 -> 418 us, where WHOLE had measured no gain)."""
+    if caches is None:
+        return None
+    for mode, size in ((PART, part), (WHOLE, whole)):
+        if size is not None and size + weight_bytes <= caches.l2 // 2:
+            return mode
+    return None
 
 
 def _step_cycles(isa, block: ConvBlock, shape: ConvShape, caches: gemm.CacheSizes | None
@@ -666,6 +682,20 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     loops = sch.get_loops(conv)
     n, f, y, x, reduction = loops[0], loops[1], loops[2], loops[3], loops[4:]
     y_tile, y_reg = sch.split(y, [None, block.yb])
+    cores = gemm.target_cores(target)
+    reads = sch.get(conv).reads
+    weight_bytes = _bytes(reads[weight_index].source)
+    copy_mode = None
+    if flat and len(producers) == 1:
+        copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, columns]
+        part = None  # one core's positions (whole vectors): its rows, one more, the halo
+        if not block.channels_in_lanes and shape.width % (cores * block.lanes) == 0:
+            rows = int(copy.shape[2])
+            part = _bytes(copy) // (shape.batch * rows) * (
+                math.ceil(shape.width // cores / width) + 1 + rows - shape.width // width)
+        copy_mode = core_copy(caches, _bytes(copy), part, weight_bytes)
+    if copy_mode == PART:  # the positions split among the cores first, whole vectors each
+        x_core, x = sch.split(x, [cores, None])
     x_tile, x_reg = sch.split(x, [None, block.xb])
     if block.channels_in_lanes:
         f_tile, f_vec, f_lane = sch.split(f, [None, mr // block.lanes, block.lanes])
@@ -673,7 +703,8 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         unrolled, lane = (y_reg, x_reg, f_vec), f_lane
     else:
         f_tile, f_reg = sch.split(f, [None, mr])
-        sch.reorder(n, f_tile, y_tile, x_tile, *reduction, f_reg, y_reg, x_reg)
+        outer = (n, x_core) if copy_mode == PART else (n,)
+        sch.reorder(*outer, f_tile, y_tile, x_tile, *reduction, f_reg, y_reg, x_reg)
         unrolled, lane = (f_reg, y_reg), x_reg
         if block.xb > block.lanes:  # several vectors per row: each one unrolled
             x_vec, lane = sch.split(x_reg, [None, block.lanes])
@@ -695,7 +726,6 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     if block.channels_in_lanes:  # the accumulator keeps channels innermost, like its lanes
         sch.transform_layout(conv, ("write", 0), (lambda n_, f_, p_: (n_, p_, f_)) if flat
                              else (lambda n_, f_, y_, x_: (n_, y_, x_, f_)))
-    cores = gemm.target_cores(target)
     if shape.depthwise and len(producers) == 1 and shape.batch * shape.channels >= 2 * cores:
         # Each channel reads only its own plane: pad it inside the channel's parallel
         # iteration, where the copy stays in L1 for the kernel, instead of one padded
@@ -706,9 +736,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         sch.parallel(channel)
         _vectorize_copy(sch, producers[0], target)
     else:
-        reads = sch.get(conv).reads
-        data_bytes, weight_bytes = (_bytes(reads[data_index].source),
-                                    _bytes(reads[weight_index].source))
+        data_bytes = _bytes(reads[data_index].source)
         band = None
         if not flat and len(producers) == 1:
             copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, (phases,) columns]
@@ -725,13 +753,16 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             tile = sch.fuse(y_in, x_tile, f_tile)
             sch.compute_at(producers[0], outer, preserve_unit_loops=True)
             _vectorize_copy(sch, producers[0], target)
-        elif flat and len(producers) == 1 and private_copy(
-                caches, _bytes(sch.get(producers[0]).writes[0].source), weight_bytes):
-            # A copy of the padded input per core (`private_copy`), made before the core's
-            # share of the tiles (weight panel by panel, as below).
-            tiles = (n, f_tile, y_tile, x_tile)
-            sch.reorder(*tiles)
-            outer, tile = sch.split(sch.fuse(*tiles), [cores, None])
+        elif copy_mode is not None:
+            # A copy of the padded input per core (`core_copy`), made before the core's share
+            # of the tiles: the rows its positions read (PART), or all (WHOLE; the tiles weight
+            # panel by weight panel, as below, split among the cores).
+            if copy_mode == PART:
+                outer, tile = sch.fuse(n, x_core), sch.fuse(f_tile, y_tile, x_tile)
+            else:
+                tiles = (n, f_tile, y_tile, x_tile)
+                sch.reorder(*tiles)
+                outer, tile = sch.split(sch.fuse(*tiles), [cores, None])
             sch.parallel(outer)
             sch.compute_at(producers[0], outer, preserve_unit_loops=True)
             _vectorize_copy(sch, producers[0], target)
