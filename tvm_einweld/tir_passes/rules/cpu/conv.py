@@ -674,17 +674,8 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
                 pass
 
     # 3. Tiles and register block (output rows as one axis of positions where `flat`).
-    if flat:  # the block's own iterators become (n, f, p, reduction...), p = y * W + x
-        sch.transform_block_layout(conv, tirx.IndexMap.from_func(
-            lambda n_, f_, y_, x_, *r: (n_, f_, y_ * width + x_, *r),
-            ndim=len(sch.get(conv).iter_vars)))
-        sch.split(sch.get_loops(conv)[2], [1, None])
-    loops = sch.get_loops(conv)
-    n, f, y, x, reduction = loops[0], loops[1], loops[2], loops[3], loops[4:]
-    y_tile, y_reg = sch.split(y, [None, block.yb])
     cores = gemm.target_cores(target)
-    reads = sch.get(conv).reads
-    weight_bytes = _bytes(reads[weight_index].source)
+    weight_bytes = _bytes(sch.get(conv).reads[weight_index].source)
     copy_mode = None
     if flat and len(producers) == 1:
         copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, columns]
@@ -694,8 +685,26 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             part = _bytes(copy) // (shape.batch * rows) * (
                 math.ceil(shape.width // cores / width) + 1 + rows - shape.width // width)
         copy_mode = core_copy(caches, _bytes(copy), part, weight_bytes)
-    if copy_mode == PART:  # the positions split among the cores first, whole vectors each
-        x_core, x = sch.split(x, [cores, None])
+    if copy_mode == PART:
+        # The block's own iterators become (n, f, core, q, reduction...): position
+        # p = y * W + x = core * part + q, the core's part of whole vectors in place of the
+        # output rows. As block iterators (not a split of p) they bound each tile's
+        # write-back by the part: a ragged last tile of one core's part, written back
+        # under p < H x W alone, had overwritten the next core's first positions with
+        # values it never computed (measured wrong, at random).
+        part = shape.width // cores
+        sch.transform_block_layout(conv, tirx.IndexMap.from_func(
+            lambda n_, f_, y_, x_, *r: (n_, f_, (y_ * width + x_) // part,
+                                       (y_ * width + x_) % part, *r),
+            ndim=len(sch.get(conv).iter_vars)))
+    elif flat:  # the block's own iterators become (n, f, p, reduction...), p = y * W + x
+        sch.transform_block_layout(conv, tirx.IndexMap.from_func(
+            lambda n_, f_, y_, x_, *r: (n_, f_, y_ * width + x_, *r),
+            ndim=len(sch.get(conv).iter_vars)))
+        sch.split(sch.get_loops(conv)[2], [1, None])
+    loops = sch.get_loops(conv)
+    n, f, y, x, reduction = loops[0], loops[1], loops[2], loops[3], loops[4:]
+    y_tile, y_reg = sch.split(y, [None, block.yb])  # PART: y_tile is the core's part
     x_tile, x_reg = sch.split(x, [None, block.xb])
     if block.channels_in_lanes:
         f_tile, f_vec, f_lane = sch.split(f, [None, mr // block.lanes, block.lanes])
@@ -703,8 +712,8 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         unrolled, lane = (y_reg, x_reg, f_vec), f_lane
     else:
         f_tile, f_reg = sch.split(f, [None, mr])
-        outer = (n, x_core) if copy_mode == PART else (n,)
-        sch.reorder(*outer, f_tile, y_tile, x_tile, *reduction, f_reg, y_reg, x_reg)
+        tiles = (n, y_tile, f_tile) if copy_mode == PART else (n, f_tile, y_tile)
+        sch.reorder(*tiles, x_tile, *reduction, f_reg, y_reg, x_reg)
         unrolled, lane = (f_reg, y_reg), x_reg
         if block.xb > block.lanes:  # several vectors per row: each one unrolled
             x_vec, lane = sch.split(x_reg, [None, block.lanes])
@@ -719,8 +728,12 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         # measured wrong). One pass then copies the staging buffer into the output, with
         # the epilogue.
         staging = sch.cache_write(conv, 0, "global")
-        sch.transform_layout(conv, ("write", 0),
-                             lambda n_, f_, y_, x_: (n_, f_, y_ * width + x_))
+        if copy_mode == PART:  # [n, f, core, q] as the block's iterators
+            sch.transform_layout(conv, ("write", 0), lambda n_, f_, y_, x_: (
+                n_, f_, (y_ * width + x_) // part, (y_ * width + x_) % part))
+        else:
+            sch.transform_layout(conv, ("write", 0),
+                                 lambda n_, f_, y_, x_: (n_, f_, y_ * width + x_))
     accumulator = sch.cache_write(conv, 0, gemm.accumulator_scope(
         block.mr * block.yb * block.xb, shape.dtype))
     if block.channels_in_lanes:  # the accumulator keeps channels innermost, like its lanes
@@ -736,7 +749,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         sch.parallel(channel)
         _vectorize_copy(sch, producers[0], target)
     else:
-        data_bytes = _bytes(reads[data_index].source)
+        data_bytes = _bytes(sch.get(conv).reads[data_index].source)
         band = None
         if not flat and len(producers) == 1:
             copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, (phases,) columns]
@@ -758,7 +771,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             # of the tiles: the rows its positions read (PART), or all (WHOLE; the tiles weight
             # panel by weight panel, as below, split among the cores).
             if copy_mode == PART:
-                outer, tile = sch.fuse(n, x_core), sch.fuse(f_tile, y_tile, x_tile)
+                outer, tile = sch.fuse(n, y_tile), sch.fuse(f_tile, x_tile)
             else:
                 tiles = (n, f_tile, y_tile, x_tile)
                 sch.reorder(*tiles)
@@ -783,6 +796,9 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         gemm._inline_consumers(sch, accumulator)
         gemm.schedule_leftover_consumers(sch, accumulator, target)
     else:
+        if copy_mode == PART:  # tiles placed: flat positions again, for the copy-out's rows
+            sch.transform_layout(accumulator, ("write", 0),
+                                 lambda n_, f_, c_, q_: (n_, f_, c_ * part + q_))
         gemm._inline_consumers(sch, staging)
         gemm.schedule_leftover_consumers(sch, staging, target)
         injective.schedule_spatial_block(sch, staging, injective.cpu_params(target))
