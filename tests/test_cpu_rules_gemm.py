@@ -441,6 +441,26 @@ def test_a_crop_that_cannot_fold_is_charged():
     assert 32 % crop.mc == 0 and 16384 % crop.block.nr == 0
 
 
+def test_a_run_time_b_packed_for_padding_is_charged():
+    """A pointwise convolution's B (its NCHW input: run time, laid out along J) is read in
+    place where the block's columns divide N and packed, padded, at every call where they do
+    not. NAFNet's 32 -> 32 at 128x128 (N = 16384): uncharged the plan pads N to whole
+    48-column panels (8 x 3: 177-192 us with the pack), charged it takes a block that
+    divides N (131-143 us). MobileNetV2's 144 -> 32 at 28x28 keeps 8 x 2 with N padded to
+    800 (32.6 us; 2 x 7 blocks that divide 784, 36.6 us): the charge is a quarter cycle an
+    element. A constant B (packed at compile time) is not charged."""
+    caches = gemm.CacheSizes(l1=48 * 1024, l2=2 * 1024 * 1024)
+    isa = VectorISA(bits=512, registers=32, fma=True, masked=True)
+
+    def tiling(m, n, k, run_time_b):
+        return gemm.choose_tiling(isa, caches, "float32", 1, m, n, k, cores=2,
+                                  b_in_place_unpadded=run_time_b)
+
+    assert 16384 % tiling(32, 16384, 32, False).block.nr  # uncharged: padded panels
+    assert 16384 % tiling(32, 16384, 32, True).block.nr == 0
+    assert tiling(32, 784, 144, True).block == gemm.RegisterBlock(8, 2, 16)
+
+
 def test_a_conv_1x1_on_an_odd_map_against_numpy():
     """The 1x1 convolution whose plan avoids padding (N = 28 * 28), with a bias + clip
     epilogue, through the whole rule and its compile-time weight packing."""

@@ -32,7 +32,8 @@ The schedule (BLIS-like, one register block per micro-kernel)
    micro-kernel then reads one contiguous vector stream. A run-time B already laid out with
    J innermost and needing no padding is read where it lies instead (`b_in_place`: its
    reindex block inlined, no pass over B at every call), unless its rows would thrash L1
-   (`_panel_thrashes`). When B is a compile-time weight
+   (`_panel_thrashes`); the plan charges a block whose panels do not divide N for the pack
+   it forces (`B_PACK_CYCLES`). When B is a compile-time weight
    (listed in the PrimFunc's `layout_free_buffers`, see `AttachAttrLayoutFreeBuffers`) the
    pack block is annotated `meta_schedule.layout_rewrite_preproc`, which is the hook stock
    TVM's `SplitLayoutRewritePreproc` + `LiftTransformParams` / `FoldConstant` use to move the
@@ -129,6 +130,17 @@ DEFAULT_L1_WAYS = 8
 # high). It keeps the plans of sessions 33-35 (NeRF 17.1 -> 15.7 ms, BERT 6.58 -> 6.17 when
 # it was raised from 1/2); shapes that must pad (M = 197) gain the copy's time.
 PAD_COPY_CYCLES = Fraction(1)
+
+# Core-cycles charged per element of a run-time B that a plan packs at every call because its
+# panel width does not divide N, where a block whose width divides N reads B in place
+# (`choose_tiling`, `b_in_place`). The pack is cheaper per element than A's padded copy above
+# and gives contiguous panels in return: NAFNet's 1x1 32 -> 32 at 128x128 (a 2 MiB B, K = 32)
+# packed for 8 x 3 blocks took 177-192 us, read in place by 8 x 2 136-143 us (about 0.35
+# cycles an element); MobileNetV2's 1x1 144 -> 32 at 28x28, 8 x 2 blocks with B packed to
+# 800 columns, 32.6 us, against 2 x 7 blocks reading it in place (112 columns divide 784),
+# 36.6 us, which a charge above 0.3 cycles an element ranks first (Emerald Rapids, 2 cores,
+# one process, alternating).
+B_PACK_CYCLES = Fraction(1, 4)
 
 # Smallest K block worth splitting to: the accumulator tile is reloaded once per block.
 MIN_KC = 128
@@ -238,8 +250,8 @@ def _padding_copy(m: int, m_padded: int) -> Fraction:
 
 
 def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m: int, n: int,
-                  k: int, cores: int, crop_pass: bool = False, rows_hint: bool = False
-                  ) -> Tiling:
+                  k: int, cores: int, crop_pass: bool = False, rows_hint: bool = False,
+                  b_in_place_unpadded: bool = False) -> Tiling:
     """Register block and cache blocks together: every candidate block (`register_blocks`)
     with its tiles (`choose_tiles`), costed as what the schedule runs: the busiest core's
     share of the tiles (TVM splits the parallel loop into equal contiguous chunks) times a
@@ -265,6 +277,11 @@ def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m:
     p < 784 survives), 12 x 2 needs no pass: 25-27 us with that epilogue, and the projection
     192 -> 32 at 28x28 went 27.9 -> 25.9 us.
     `rows_hint`: the readers of C split it by rows (`affinity`; see `rows_per_core`).
+    `b_in_place_unpadded`: B is a run-time matrix laid out along J, read in place where nr
+    divides N (`b_in_place`) and packed, padded, at every call where it does not: such a
+    block is charged that pass over B, `B_PACK_CYCLES` per element (where the measurements
+    are). NAFNet's 1x1 32 -> 32 at 128x128 (N = 16384) had taken 8 x 3 blocks (nr = 48);
+    it now takes 11 x 2 (M padded to 33, B in place): 192 -> 131 us.
     """
     def key(tiling: Tiling):
         block = tiling.block
@@ -276,6 +293,8 @@ def choose_tiling(isa: VectorISA, caches: CacheSizes, dtype: str, batch: int, m:
         copies = _padding_copy(m, m_tiled)
         if crop_pass and (n_padded != n or m_tiled != m):
             copies += Fraction(m_tiled * n_padded, k) * PAD_COPY_CYCLES
+        if b_in_place_unpadded and n_padded != n and tiling.kc >= k:
+            copies += n_padded * B_PACK_CYCLES  # B's k x n_padded elements, per k step
         return (cycles + copies * batch / cores, -block.mr * block.vectors)
 
     return min((choose_tiles(block, caches, dtype, batch, m, n, k, cores, rows_hint)
@@ -1008,13 +1027,13 @@ def analyse(func: tirx.PrimFunc, find=find_gemm_block
                                 b_along_j, b_k_stride)
 
 
-def plan(shape: GemmShape, target: Target, crop_pass: bool = False, rows_hint: bool = False
-         ) -> Tiling:
+def plan(shape: GemmShape, target: Target, crop_pass: bool = False, rows_hint: bool = False,
+         b_constant: bool = False) -> Tiling:
     """Register and cache blocks for `shape` on `target` (`crop_pass`, `rows_hint`: see
-    `choose_tiling`)."""
+    `choose_tiling`; `b_constant`: B is packed at compile time, whatever the padding)."""
     return choose_tiling(vector_isa(target), cache_sizes(target), shape.dtype, shape.batch,
                          shape.m, shape.n, shape.k, target_cores(target), crop_pass,
-                         rows_hint)
+                         rows_hint, shape.b_along_j and not b_constant)
 
 
 def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = None
@@ -1030,10 +1049,13 @@ def schedule_gemm(func: tirx.PrimFunc, target: Target, tiling: Tiling | None = N
     # Planned as if the padded tile's crop takes every consumer; where one stays a pass of its
     # own (`_crop_kept` refused it), planned again with that pass charged (`choose_tiling`).
     rows_hint = _rows_hinted(func, shape)
-    tiling = plan(shape, target, rows_hint=rows_hint)
+    b_producer = _producer_of(sch, main, 1 - shape.a_read)
+    b_constant = b_producer is not None and _reads_only_layout_free(sch, b_producer, func)
+    tiling = plan(shape, target, rows_hint=rows_hint, b_constant=b_constant)
     sch, leftover = _schedule_tiles(sch, main, shape, tiling, func, target)
     if leftover:
-        charged = plan(shape, target, crop_pass=True, rows_hint=rows_hint)
+        charged = plan(shape, target, crop_pass=True, rows_hint=rows_hint,
+                       b_constant=b_constant)
         if charged != tiling:
             sch, main, shape = analyse(func)
             sch = _schedule_tiles(sch, main, shape, charged, func, target)[0]
@@ -1224,6 +1246,14 @@ def _prefetch_following_tile(sch: s_tir.Schedule, tile: s_tir.schedule.LoopRV,
     return hinted_schedule(sch, prefetch_next_panel(
         sch.mod["main"], sch.get(k).loop_var, panels,
         [tirx.floordiv(following, groups), column], share, shares))
+
+
+def _producer_of(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, read: int
+                 ) -> s_tir.schedule.SBlockRV | None:
+    """The block that writes the buffer of `main`'s read number `read` (its reindex)."""
+    buffer = sch.get(main).reads[read].source
+    return next((p for p in sch.get_producers(main)
+                 if sch.get(p).writes[0].source.same_as(buffer)), None)
 
 
 def _operand_blocks(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, a_read: int
