@@ -120,17 +120,37 @@ def test_rounds_alternate_and_a_failing_sampler_is_dropped() -> None:
         alternate_rounds({"b": sampler("b", fail_on=1)})
 
 
-def _phase(trips: list, fast_after_wait: bool = True, retries: int = 1):
+def _phase(trips: list, fast_after_wait: bool = True, retries: int = 1, gone: bool = False):
     """time_in_fast_phase over planted round trips (ns, in measuring order), with the fast
-    phase reached by 50 ns; returns (result, attempts made, waits)."""
+    phase reached by 50 ns (`gone`: a wait ran out and it has not shown since); returns
+    (result, attempts made, waits)."""
     attempts, waits = [], []
     planted = iter(trips)
     result = time_in_fast_phase(
         lambda: attempts.append(len(attempts)) or len(attempts), log=lambda text: None,
         retries=retries, measure=lambda: next(planted),
         slow=lambda *t: any(x is not None and x > 100 for x in t),
-        await_fast=lambda timeout: waits.append(timeout) or (50.0 if fast_after_wait else None))
+        await_fast=lambda timeout: waits.append(timeout) or (50.0 if fast_after_wait else None),
+        gone=lambda: gone)
     return result, len(attempts), len(waits)
+
+
+def test_no_wait_while_the_fast_phase_stays_away() -> None:
+    result, attempts, waits = _phase([400.0, 380.0], gone=True)
+    assert (attempts, waits, result.value, result.slow_attempts) == (1, 0, 1, ())
+
+
+def test_waits_stop_after_one_runs_out_until_the_fast_phase_shows(monkeypatch) -> None:
+    """One fast reading (22 ns) sets the floor; a wait runs out; later slow readings wait
+    no more, until one near the floor shows again."""
+    monkeypatch.setattr(machine, "_ROUND_TRIPS", [22.0, 130.0])
+    monkeypatch.setattr(machine, "_WAITED_IN_VAIN", [])
+    assert not machine.fast_phase_gone()  # no wait ran out yet
+    machine._WAITED_IN_VAIN.append(len(machine._ROUND_TRIPS))
+    machine._ROUND_TRIPS.extend([125.0, 131.0])
+    assert machine.fast_phase_gone()
+    machine._ROUND_TRIPS.append(30.0)
+    assert not machine.fast_phase_gone()
 
 
 def test_fast_rounds_are_kept() -> None:

@@ -795,15 +795,33 @@ def await_fast_phase(timeout: float = 120.0, poll: float = 3.0, factor: float = 
                      ) -> Optional[float]:
     """Measure the round trip every `poll` seconds until one is within `factor` times the
     fastest this process has measured; that round trip, or None after `timeout` seconds (the
-    VM host keeps a placement for minutes, so a benchmark waits a while, then goes on)."""
+    VM host keeps a placement for minutes, so a benchmark waits a while, then goes on; and
+    does not wait again until the fast phase shows, `fast_phase_gone`)."""
     deadline = time.monotonic() + timeout
     while True:
         trip = measure_round_trip_ns()
         if trip is None or not in_slow_phase(trip, factor=factor):
             return trip
         if time.monotonic() + poll > deadline:
+            _WAITED_IN_VAIN.append(len(_ROUND_TRIPS))
             return None
         time.sleep(poll)
+
+
+_WAITED_IN_VAIN: List[int] = []  # len(_ROUND_TRIPS) when an `await_fast_phase` ran out
+
+
+def fast_phase_gone(factor: float = 2.0) -> bool:
+    """Whether the last `await_fast_phase` ran out and no round trip measured since came
+    within `factor` times the fastest. A benchmark then times its rows without waiting
+    (flagged) until the fast phase shows again: one fast reading early in a run had set a
+    floor the VM did not return to, and every later row waited its two minutes in vain
+    (a kernels run stalled at row 70 of 97)."""
+    if not _WAITED_IN_VAIN:
+        return False
+    floor = fastest_round_trip_ns()
+    return floor is not None and all(_apart(t, floor, factor)
+                                     for t in _ROUND_TRIPS[_WAITED_IN_VAIN[-1]:])
 
 
 def row_round_trips(rows: Iterable[Iterable[Optional[float]]]) -> List[Optional[float]]:

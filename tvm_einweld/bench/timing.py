@@ -183,15 +183,17 @@ def time_in_fast_phase(time_once: Callable[[], T], log: Callable[[str], None] = 
                        retries: int = 1, wait_seconds: Optional[float] = None,
                        measure: Callable[[], Optional[float]] = machine.measure_round_trip_ns,
                        slow: Callable[..., bool] = machine.in_slow_phase,
-                       await_fast: Callable[[float], Optional[float]] = machine.await_fast_phase
+                       await_fast: Callable[[float], Optional[float]] = machine.await_fast_phase,
+                       gone: Callable[[], bool] = machine.fast_phase_gone
                        ) -> PhaseTimed[T]:
     """Call `time_once` (some timed rounds, with every other process quiet) between two
     round-trip measurements; where either reads slow (`machine.in_slow_phase`: over twice the
     fastest this process has seen), wait up to `wait_seconds` for the fast phase and time
     again, at most `retries` times. The last attempt is kept; when the fast phase does not
-    come back in time, the slow attempt is kept (a report flags its row). `measure`, `slow`
-    and `await_fast` are the machine's (tests plant others); `wait_seconds` defaults to
-    `FAST_PHASE_WAIT_SECONDS`."""
+    come back in time, the slow attempt is kept (a report flags its row), and while it stays
+    away (`gone`: no round trip near the fastest since that wait ran out) later rows keep
+    their slow attempt without waiting. `measure`, `slow`, `await_fast` and `gone` are the
+    machine's (tests plant others); `wait_seconds` defaults to `FAST_PHASE_WAIT_SECONDS`."""
     if wait_seconds is None:
         wait_seconds = FAST_PHASE_WAIT_SECONDS
     discarded: list[RoundTrips] = []
@@ -200,6 +202,11 @@ def time_in_fast_phase(time_once: Callable[[], T], log: Callable[[str], None] = 
         value = time_once()
         trips = (before, measure())
         if len(discarded) >= retries or not slow(*trips):
+            return PhaseTimed(value, trips, tuple(discarded))
+        if gone():
+            log(f"  round trip {' -> '.join(f'{t:.0f}' if t else '?' for t in trips)} ns: "
+                f"the fast phase has not come back since the last wait; keeping these "
+                f"rounds (flagged)")
             return PhaseTimed(value, trips, tuple(discarded))
         log(f"  round trip {' -> '.join(f'{t:.0f}' if t else '?' for t in trips)} ns, over "
             f"twice the fastest: waiting for the cores to come together, then timing again")
