@@ -396,6 +396,26 @@ def test_copy_band_sizes():
     assert conv.copy_band(strided, block, caches, 2, 4 * 21 * 21 * 9, row) == 7
 
 
+def _copy_and_kernel_loops(x_shape, w_shape, attrs):
+    """A random conv + bias + ReLU module, its inputs, and the outermost loops of the padded
+    input copy (its row pieces inside) and of the kernel in the rule's schedule."""
+    x = RNG.standard_normal(x_shape).astype("float32")
+    w = RNG.standard_normal(w_shape).astype("float32")
+    b = RNG.standard_normal(w_shape[0]).astype("float32")
+    mod = conv_module(x_shape, w, bias=b, relu=True, **attrs)
+    with TARGET:
+        from tvm.relax.backend.cpu_generic import pipeline as cpu
+        low = tvm.transform.Sequential(cpu.legalize_passes(TARGET))(mod)
+    (func,) = [f for f in low.functions.values() if isinstance(f, tirx.PrimFunc)]
+    sch = conv.schedule_conv(func, TARGET)
+    (pad,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+              if sch.get(b).name_hint.startswith("pad_temp")]
+    (update,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+                 if sch.get(b).name_hint.endswith("conv2d_nchw_update")]
+    copy_outer, conv_outer = (sch.get(sch.get_loops(b)[0]) for b in (pad, update))
+    return x, w, b, mod, copy_outer, conv_outer
+
+
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
     ((2, 8, 11, 13), (12, 8, 3, 3), dict(padding=1)),
     ((1, 4, 12, 17), (6, 4, 3, 3), dict(padding=2, dilation=2)),
@@ -415,21 +435,7 @@ def test_banded_padded_copy_against_numpy(monkeypatch, x_shape, w_shape, attrs):
     many input rows; with a column stride the copy is in column phases, padded where the
     width is odd)."""
     monkeypatch.setattr(conv, "copy_band", lambda *args: 1)
-    x = RNG.standard_normal(x_shape).astype("float32")
-    w = RNG.standard_normal(w_shape).astype("float32")
-    b = RNG.standard_normal(w_shape[0]).astype("float32")
-    mod = conv_module(x_shape, w, bias=b, relu=True, **attrs)
-    with TARGET:
-        from tvm.relax.backend.cpu_generic import pipeline as cpu
-        low = tvm.transform.Sequential(cpu.legalize_passes(TARGET))(mod)
-    (func,) = [f for f in low.functions.values() if isinstance(f, tirx.PrimFunc)]
-    sch = conv.schedule_conv(func, TARGET)
-    (pad,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-              if sch.get(b).name_hint.startswith("pad_temp")]  # its row pieces inside
-    outer = sch.get(sch.get_loops(pad)[0])
-    (update,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-                 if sch.get(b).name_hint.endswith("conv2d_nchw_update")]
-    conv_outer = sch.get(sch.get_loops(update)[0])
+    x, w, b, mod, outer, conv_outer = _copy_and_kernel_loops(x_shape, w_shape, attrs)
     assert outer.kind == tirx.ForKind.PARALLEL and outer.same_as(conv_outer)
     direct = tvm_einweld.pipeline(TARGET, derive_options={"winograd": False})
     pad = attrs["padding"]
@@ -587,20 +593,7 @@ def test_a_copy_of_the_padded_input_per_core(monkeypatch, x_shape, w_shape, attr
     if vectors:
         block = conv.ConvBlock(3, 1, vectors * LANES, LANES)
         monkeypatch.setattr(conv, "choose_conv_block", lambda *args, **kwargs: block)
-    x = RNG.standard_normal(x_shape).astype("float32")
-    w = RNG.standard_normal(w_shape).astype("float32")
-    b = RNG.standard_normal(w_shape[0]).astype("float32")
-    mod = conv_module(x_shape, w, bias=b, relu=True, **attrs)
-    with TARGET:
-        from tvm.relax.backend.cpu_generic import pipeline as cpu
-        low = tvm.transform.Sequential(cpu.legalize_passes(TARGET))(mod)
-    (func,) = [f for f in low.functions.values() if isinstance(f, tirx.PrimFunc)]
-    sch = conv.schedule_conv(func, TARGET)
-    (pad,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-              if sch.get(b).name_hint.startswith("pad_temp")]
-    (update,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-                 if sch.get(b).name_hint.endswith("conv2d_nchw_update")]
-    copy_outer, conv_outer = (sch.get(sch.get_loops(b)[0]) for b in (pad, update))
+    x, w, b, mod, copy_outer, conv_outer = _copy_and_kernel_loops(x_shape, w_shape, attrs)
     assert copy_outer.kind == conv_outer.kind == tirx.ForKind.PARALLEL
     assert copy_outer.same_as(conv_outer) == (mode is not None)
     call = compile_vm(mod, TARGET, cpu_gemm_pipeline(TARGET))  # unchecked: the rule's kernel
