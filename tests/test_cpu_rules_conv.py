@@ -106,6 +106,9 @@ CASES = {
     "5x1_flat_batch": ((2, 8, 20, 24), (12, 8, 5, 1), dict(padding=(2, 0))),
     "5x1_flat_dilated": ((2, 8, 20, 24), (12, 8, 5, 1), dict(padding=(4, 0), dilation=(2, 1))),
     "7x1_flat_channels_in_lanes": ((1, 32, 7, 7), (64, 32, 7, 1), dict(padding=(3, 0))),
+    # One output channel per group (depthwise-like, copied per channel), positions as above.
+    "7x1_flat_one_output_per_group": ((1, 8, 16, 12), (4, 2, 7, 1), dict(padding=(3, 0),
+                                                                        groups=4)),
     "3x1_stride2_rows": ((1, 8, 16, 16), (12, 8, 3, 1), dict(padding=(1, 0), strides=(2, 1))),
     # Padded rows longer than `injective.MAX_PIECES` pieces: the copy is cut at whole chunks.
     "depthwise_long_rows": ((1, 4, 3, 901), (4, 1, 3, 3), dict(padding=1, groups=4)),
@@ -601,6 +604,15 @@ def test_a_copy_of_the_padded_input_per_core(monkeypatch, x_shape, w_shape, attr
                                   dilation=attrs.get("dilation", 1)) + b.reshape(1, -1, 1, 1), 0)
     for _ in range(100):
         np.testing.assert_allclose(call(x), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_flat_conv_with_one_output_per_group_is_copied_per_channel(monkeypatch):
+    """Positions as one axis, one output channel per group: the copy is made per channel
+    (the depthwise path), never per core, whatever `core_copy` would say (its core split had
+    broken the depthwise path's loop fusion: the rule failed). Numerics:
+    `test_conv2d_against_numpy`."""
+    monkeypatch.setattr(conv, "core_copy", lambda *args: conv.PART)
+    assert conv.schedule_conv(_legalized_conv("7x1_flat_one_output_per_group"), TARGET)
 
 
 def test_a_copy_per_core_only_where_it_and_the_weights_fit_half_of_l2():

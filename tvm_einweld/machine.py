@@ -795,8 +795,9 @@ def await_fast_phase(timeout: float = 120.0, poll: float = 3.0, factor: float = 
                      ) -> Optional[float]:
     """Measure the round trip every `poll` seconds until one is within `factor` times the
     fastest this process has measured; that round trip, or None after `timeout` seconds (the
-    VM host keeps a placement for minutes, so a benchmark waits a while, then goes on; and
-    does not wait again until the fast phase shows, `fast_phase_gone`)."""
+    VM host keeps a placement for minutes, so a benchmark waits a while, then goes on; a
+    wait that runs out is recorded, so that `bench.timing.time_in_fast_phase` does not wait
+    again until the fast phase shows, `fast_phase_gone`)."""
     deadline = time.monotonic() + timeout
     while True:
         trip = measure_round_trip_ns()

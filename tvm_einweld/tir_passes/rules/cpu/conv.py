@@ -403,21 +403,22 @@ PART, WHOLE = "part", "whole"
 
 def core_copy(caches: gemm.CacheSizes | None, whole: int, part: int | None,
               weight_bytes: int) -> str | None:
-    """How the cores copy the padded input where its rows run as one axis of positions and no
-    band of rows splits it (`copy_band`; GCN's 15x1 convolutions): PART, WHOLE, or None for
-    one copy shared by the cores.
+    """How the cores copy the padded input where its rows run as one axis of positions (GCN's
+    15x1 convolutions; rows are not cut into bands there, `copy_band`): PART, WHOLE, or None
+    for one copy shared by the cores.
 
     One copy made in parallel over channels is written half by each core and then read whole
     by both: at every call each core's writes invalidate the lines the other read in the last
     one (GCN's 15x1 128 -> 21 at 28x28: the copy took 56 us on two cores, 20 us on one). A
     copy per core, made before its share of the tiles, stays in its own L2. PART: the
     positions split into whole vectors per core (`part`: the bytes of the rows one core's
-    positions read, with the window's halo; None where they do not split so), and each core
-    copies those rows; else WHOLE: each core copies the whole input (`whole` bytes). Either
+    positions read, with the window's halo; None where they do not split so, or where the
+    block holds channels in its lanes), and each core copies those rows; else WHOLE: each
+    core copies the whole input (`whole` bytes). Either
     only where that copy and the weights fit half of L2 (Emerald Rapids, 2 cores, one
     process, alternating: 128 -> 21 at 28x28, 49 vectors of positions, WHOLE copies of
-    602 KiB: 258 -> 213 us; 21 -> 21 at 28x28 60 -> 41 us; 64 -> 21 at 56x56, a 0.96 MiB
-    copy, PART: 457 -> 418 us, where WHOLE had measured no gain)."""
+    602 KiB: 258-263 -> 213-217 us; 21 -> 21 at 28x28 60 -> 41 us; 64 -> 21 at 56x56, a
+    0.96 MiB copy, PART: 440-457 -> 414-418 us, where WHOLE had measured no gain)."""
     if caches is None:
         return None
     for mode, size in ((PART, part), (WHOLE, whole)):
@@ -677,7 +678,7 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
     cores = gemm.target_cores(target)
     weight_bytes = _bytes(sch.get(conv).reads[weight_index].source)
     copy_mode = None
-    if flat and len(producers) == 1:
+    if flat and len(producers) == 1 and not shape.depthwise:  # (depthwise: copied per channel)
         copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, columns]
         part = None  # one core's positions (whole vectors): its rows, one more, the halo
         if not block.channels_in_lanes and shape.width % (cores * block.lanes) == 0:
@@ -768,8 +769,9 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
             _vectorize_copy(sch, producers[0], target)
         elif copy_mode is not None:
             # A copy of the padded input per core (`core_copy`), made before the core's share
-            # of the tiles: the rows its positions read (PART), or all (WHOLE; the tiles weight
-            # panel by weight panel, as below, split among the cores).
+            # of the tiles: the rows its positions read (PART), or all (WHOLE; the tiles in
+            # weight-panel order, split into one contiguous share per core; no prefetch of
+            # the next panel: the weights fit half of L2 here).
             if copy_mode == PART:
                 outer, tile = sch.fuse(n, y_tile), sch.fuse(f_tile, x_tile)
             else:
