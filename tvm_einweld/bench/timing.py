@@ -203,13 +203,13 @@ def time_in_fast_phase(time_once: Callable[[], T], log: Callable[[str], None] = 
         trips = (before, measure())
         if len(discarded) >= retries or not slow(*trips):
             return PhaseTimed(value, trips, tuple(discarded))
+        read = " -> ".join(f"{t:.0f}" if t else "?" for t in trips)
         if gone():
-            log(f"  round trip {' -> '.join(f'{t:.0f}' if t else '?' for t in trips)} ns: "
-                f"the fast phase has not come back since the last wait; keeping these "
-                f"rounds (flagged)")
+            log(f"  round trip {read} ns: the fast phase has not come back since the last "
+                f"wait; keeping these rounds (flagged)")
             return PhaseTimed(value, trips, tuple(discarded))
-        log(f"  round trip {' -> '.join(f'{t:.0f}' if t else '?' for t in trips)} ns, over "
-            f"twice the fastest: waiting for the cores to come together, then timing again")
+        log(f"  round trip {read} ns, over twice the fastest: waiting for the cores to come "
+            f"together, then timing again")
         if await_fast(wait_seconds) is None:
             log("  the fast phase did not come back: keeping these rounds (flagged)")
             return PhaseTimed(value, trips, tuple(discarded))

@@ -90,6 +90,7 @@ from tvm import ir, s_tir, tirx
 from tvm.sym import Analyzer
 from tvm.target import Target
 
+from ...localize import buffer_bytes
 from . import gemm, injective
 from .isa import CACHE_LINE, vector_isa
 from .prefetch import (hinted_schedule, next_panel_of_tile, prefetch_fits,
@@ -414,10 +415,9 @@ def core_copy(caches: gemm.CacheSizes | None, whole: int, part: int | None,
     positions split into whole vectors per core (`part`: the bytes of the rows one core's
     positions read, with the window's halo; None where they do not split so, or where the
     block holds channels in its lanes), and each core copies those rows; else WHOLE: each
-    core copies the whole input (`whole` bytes). Either
-    only where that copy and the weights fit half of L2 (Emerald Rapids, 2 cores, one
-    process, alternating: 128 -> 21 at 28x28, 49 vectors of positions, WHOLE copies of
-    602 KiB: 258-263 -> 213-217 us; 21 -> 21 at 28x28 60 -> 41 us; 64 -> 21 at 56x56, a
+    core copies the whole input (`whole` bytes). Either only where that copy and the weights
+    fit half of L2 (Emerald Rapids, 2 cores, one process, alternating: 128 -> 21 at 28x28,
+    49 vectors of positions, WHOLE copies of 602 KiB: 258-263 -> 213-217 us; 21 -> 21 at 28x28 60 -> 41 us; 64 -> 21 at 56x56, a
     0.96 MiB copy, PART: 440-457 -> 414-418 us, where WHOLE had measured no gain)."""
     if caches is None:
         return None
@@ -603,10 +603,6 @@ def _flat_positions(sch: s_tir.Schedule, conv, data_index: int, shape: ConvShape
     return shape.width % lanes != 0 and shape.height * shape.width % lanes == 0
 
 
-def _bytes(buffer) -> int:
-    return tvm.runtime.DataType(buffer.dtype).bits // 8 * math.prod(int(d) for d in buffer.shape)
-
-
 def _producers_of(sch, block, buffer) -> list:
     return [p for p in sch.get_producers(block)
             if any(w.source.same_as(buffer) for w in sch.get(p).writes)]
@@ -676,27 +672,29 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
 
     # 3. Tiles and register block (output rows as one axis of positions where `flat`).
     cores = gemm.target_cores(target)
-    weight_bytes = _bytes(sch.get(conv).reads[weight_index].source)
+    weight_bytes = buffer_bytes(sch.get(conv).reads[weight_index].source)
     copy_mode = None
     if flat and len(producers) == 1 and not shape.depthwise:  # (depthwise: copied per channel)
         copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, columns]
-        part = None  # one core's positions (whole vectors): its rows, one more, the halo
+        part_bytes = None  # one core's positions (whole vectors): its rows, one more, halo
         if not block.channels_in_lanes and shape.width % (cores * block.lanes) == 0:
             rows = int(copy.shape[2])
-            part = _bytes(copy) // (shape.batch * rows) * (
+            part_bytes = buffer_bytes(copy) // (shape.batch * rows) * (
                 math.ceil(shape.width // cores / width) + 1 + rows - shape.width // width)
-        copy_mode = core_copy(caches, _bytes(copy), part, weight_bytes)
+        copy_mode = core_copy(caches, buffer_bytes(copy), part_bytes, weight_bytes)
+    part = shape.width // cores  # PART: positions per core
+
+    def core_and_q(y_, x_):  # PART: position p = y * W + x = core * part + q
+        return (y_ * width + x_) // part, (y_ * width + x_) % part
+
     if copy_mode == PART:
-        # The block's own iterators become (n, f, core, q, reduction...): position
-        # p = y * W + x = core * part + q, the core's part of whole vectors in place of the
-        # output rows. As block iterators (not a split of p) they bound each tile's
-        # write-back by the part: a ragged last tile of one core's part, written back
-        # under p < H x W alone, had overwritten the next core's first positions with
-        # values it never computed (measured wrong, at random).
-        part = shape.width // cores
+        # The block's own iterators become (n, f, core, q, reduction...): the core's part of
+        # whole vectors in place of the output rows. As block iterators (not a split of p)
+        # they bound each tile's write-back by the part: a ragged last tile of one core's
+        # part, written back under p < H x W alone, had overwritten the next core's first
+        # positions with values it never computed (measured wrong, at random).
         sch.transform_block_layout(conv, tirx.IndexMap.from_func(
-            lambda n_, f_, y_, x_, *r: (n_, f_, (y_ * width + x_) // part,
-                                       (y_ * width + x_) % part, *r),
+            lambda n_, f_, y_, x_, *r: (n_, f_, *core_and_q(y_, x_), *r),
             ndim=len(sch.get(conv).iter_vars)))
     elif flat:  # the block's own iterators become (n, f, p, reduction...), p = y * W + x
         sch.transform_block_layout(conv, tirx.IndexMap.from_func(
@@ -730,8 +728,8 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         # the epilogue.
         staging = sch.cache_write(conv, 0, "global")
         if copy_mode == PART:  # [n, f, core, q] as the block's iterators
-            sch.transform_layout(conv, ("write", 0), lambda n_, f_, y_, x_: (
-                n_, f_, (y_ * width + x_) // part, (y_ * width + x_) % part))
+            sch.transform_layout(conv, ("write", 0),
+                                 lambda n_, f_, y_, x_: (n_, f_, *core_and_q(y_, x_)))
         else:
             sch.transform_layout(conv, ("write", 0),
                                  lambda n_, f_, y_, x_: (n_, f_, y_ * width + x_))
@@ -750,13 +748,12 @@ def schedule_conv(func: tirx.PrimFunc, target: Target, block: ConvBlock | None =
         sch.parallel(channel)
         _vectorize_copy(sch, producers[0], target)
     else:
-        data_bytes = _bytes(sch.get(conv).reads[data_index].source)
+        data_bytes = buffer_bytes(sch.get(conv).reads[data_index].source)
         band = None
         if not flat and len(producers) == 1:
             copy = sch.get(producers[0]).writes[0].source  # [n, c, rows, (phases,) columns]
             band = copy_band(shape, block, caches, cores, weight_bytes,
-                             shape.itemsize * math.prod(int(d) for d in copy.shape)
-                             // int(copy.shape[2]))
+                             buffer_bytes(copy) // int(copy.shape[2]))
         if band is not None:
             # Row bands of the output, each core copying the padded rows its band reads
             # into a buffer that stays in its L2 (`copy_band`), then all its tiles.

@@ -136,11 +136,11 @@ PAD_COPY_CYCLES = Fraction(1)
 # (`choose_tiling`, `b_in_place`). The pack is cheaper per element than A's padded copy above
 # and gives contiguous panels in return: NAFNet's 1x1 32 -> 32 at 128x128 (a 2 MiB B, K = 32)
 # packed for 8 x 3 blocks took 177-192 us, read in place by 8 x 2 136-143 us (about 0.35
-# cycles an element); a panel packed because it would thrash L1 (`_panel_thrashes`) is not
-# charged: rare, and that pack pays for itself; MobileNetV2's 1x1 144 -> 32 at 28x28, 8 x 2 blocks with B packed to
+# cycles an element); MobileNetV2's 1x1 144 -> 32 at 28x28, 8 x 2 blocks with B packed to
 # 800 columns, 32.6 us, against 2 x 7 blocks reading it in place (112 columns divide 784),
 # 36.6 us, which a charge above 0.3 cycles an element ranks first (Emerald Rapids, 2 cores,
-# one process, alternating).
+# one process, alternating). A panel packed because it would thrash L1 (`_panel_thrashes`)
+# is not charged: rare, and that pack pays for itself.
 B_PACK_CYCLES = Fraction(1, 4)
 
 # Smallest K block worth splitting to: the accumulator tile is reloaded once per block.
