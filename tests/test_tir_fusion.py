@@ -17,6 +17,7 @@ from tvm_einweld.tir_passes.cost import propagate_subgraph
 from tvm_einweld.tir_passes.device import MemoryLevel, cpu_device
 from tvm_einweld.tir_passes.localize import allocations
 from tvm_einweld.tir_passes.measure import generated_source
+from tvm_einweld.tir_passes.propagate import leaf_blocks
 
 
 def _run(mod, args):
@@ -471,3 +472,77 @@ def test_a_code_generator_defect_costs_the_group_not_the_compile(monkeypatch, ca
             workloads.conv_relu_maxpool(channels=4, size=16, filters=8), measure=False)
     assert not _multi_node_groups(report)
     assert "code generation failed (TypeError: planted)" in caplog.text
+
+
+def _channel_layer_norm(channels=32, size=12):
+    """NAFNet's LayerNorm2d as ONNX exports it: statistics over the channel axis of NCHW."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, channels, size, size + 3), "float32"))
+    rng = np.random.default_rng(1)
+    gamma, beta = (relax.const(rng.standard_normal((channels, 1, 1)).astype("float32"))
+                   for _ in range(2))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mean = bb.emit(relax.op.mean(x, axis=[1], keepdims=True))
+            centred = bb.emit(relax.op.subtract(x, mean))
+            var = bb.emit(relax.op.mean(relax.op.multiply(centred, centred), axis=[1],
+                                        keepdims=True))
+            deviation = bb.emit(relax.op.sqrt(relax.op.add(var, relax.const(1e-6, "float32"))))
+            scaled = bb.emit(relax.op.multiply(relax.op.divide(centred, deviation), gamma))
+            out = bb.emit_output(relax.op.add(scaled, beta))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _tile_buffers(kernel):
+    """Shapes of the tile buffers under a kernel's tile loop."""
+    return [[int(d) for d in b.shape] for _, b, depth in allocations(kernel) if depth > 0]
+
+
+def test_tile_kernel_recomputes_cheap_values_and_keeps_the_square_root():
+    """`codegen.inline_cheap_spatial`: in the channel LayerNorm's tile kernel x - mean, its
+    square, the division and the affine scaling are recomputed where read (no tile buffer
+    spans the channels); the square root, one per position and read by every channel, and the
+    two reductions stay per-position tile buffers. Equal to the unfused module."""
+    mod, fused, report = _fuse_and_compare(_channel_layer_norm(), measure=False, rules=False)
+    (names,) = _multi_node_groups(report)
+    kernel = fused[_call_tir_targets(fused)[0]]
+    buffers = _tile_buffers(kernel)
+    assert len(buffers) == 3 and all(shape[1] == 1 for shape in buffers), buffers
+    sqrt_blocks = [b for b in leaf_blocks(kernel) if "sqrt" in b.body.value.script()
+                   if isinstance(b.body, tvm.tirx.BufferStore)]
+    assert len(sqrt_blocks) == 1, [b.name_hint for b in leaf_blocks(kernel)]
+
+
+def test_inlining_keeps_an_expensive_value_read_twice_and_a_padded_input():
+    """What `inline_cheap_spatial` must not recompute: exp(x) read by two reductions (once per
+    element each: computed once, kept), and a convolution's padded input (read for every tap).
+    The cheap sum of the two is recomputed where read. Equal to the function as it was."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 3, 10, 11), name="x")
+    w = te.placeholder((4, 3, 3, 3), name="w")
+    e = te.compute(x.shape, lambda n, c, h, v: te.exp(x[n, c, h, v]), name="e")
+    c = te.reduce_axis((0, 3), name="c")
+    total = te.compute((1, 1, 10, 11), lambda n, _, h, v: te.sum(e[n, c, h, v], axis=c),
+                       name="total")
+    c2 = te.reduce_axis((0, 3), name="c2")
+    top = te.compute((1, 1, 10, 11), lambda n, _, h, v: te.max(e[n, c2, h, v], axis=c2),
+                     name="top")
+    both = te.compute(x.shape, lambda n, ch, h, v: x[n, ch, h, v] + total[n, 0, h, v]
+                      + top[n, 0, h, v], name="both")
+    out = topi.nn.conv2d_nchw(both, w, 1, 1, 1)
+    func = te.create_prim_func([x, w, out])
+    sch = s_tir.Schedule(func)
+    codegen.inline_cheap_spatial(sch, func)
+    kept = {b.name_hint for b in leaf_blocks(sch.mod["main"])}
+    assert "e" in kept and "both" not in kept, kept
+    assert any("pad" in name for name in kept), kept
+    args = [np.random.default_rng(2).standard_normal([int(d) for d in t.shape]).astype("float32")
+            for t in (x, w, out)]
+    results = []
+    for f in (func, sch.mod["main"]):
+        bufs = [tvm.runtime.tensor(a) for a in args]
+        tvm.compile(f, "llvm")(*bufs)
+        results.append(bufs[-1].numpy())
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-5)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import relax, s_tir, tirx
+from tvm import ir, relax, s_tir, tirx
 
 from .cost import TileConfig, propagate_subgraph
 from .device import Device, shared_limits
@@ -37,7 +37,9 @@ from .localize import LocalizeError, localize
 from .lane_predicates import uses_var
 from .propagate import leaf_block_rvs, leaf_blocks
 from .rules.cpu.gemm import get_sblock_realize
-from .rules.cpu.injective import loop_extent
+from .rules.cpu.fast_math import visit_exprs
+from .rules.cpu.injective import inline_spatial, is_gemm_like, loop_extent
+from .rules.cpu.reduction import EXPENSIVE_CALLS
 from .tile_graph import SubGraph, TileGraph
 
 
@@ -114,10 +116,18 @@ def schedule_group(func: tirx.PrimFunc, tile, device: Device,
     upper-level sub-tile per block (module docstring); a block whose loops under the tile loop do
     not match its entry is left as without one.
     """
-    sub_tiles = sub_tiles or {}
     sch = s_tir.Schedule(func)
     out_buffer = func.params[-1]
     rvs = leaf_block_rvs(sch)
+    if device.kind == "cpu":
+        # Sub-tiles follow their blocks by name through the inlining.
+        names = {sch.get(rv).name_hint: spec for index, rv in enumerate(rvs)
+                 for spec in [(sub_tiles or {}).get(index)] if spec is not None}
+        inline_cheap_spatial(sch, func)
+        rvs = leaf_block_rvs(sch)
+        sub_tiles = {index: names[sch.get(rv).name_hint] for index, rv in enumerate(rvs)
+                     if sch.get(rv).name_hint in names}
+    sub_tiles = sub_tiles or {}
     writers = [rv for rv in rvs if _writes_output(sch.get(rv), out_buffer)]
     if len(writers) != 1 or not writers[0].same_as(rvs[-1]):
         raise Unsupported("the output must be written by the last block only")
@@ -151,6 +161,56 @@ def schedule_group(func: tirx.PrimFunc, tile, device: Device,
         raise
     except (RuntimeError, ValueError) as err:  # ScheduleError and FFI errors
         raise Unsupported(f"schedule primitive failed: {str(err).splitlines()[0]}") from err
+
+
+# Calls whose result a tile keeps rather than recomputes in each consumer.
+KEPT_CALLS = EXPENSIVE_CALLS | {"tirx.sqrt", "tirx.rsqrt"}
+
+
+def _cheap(block: s_tir.SBlock) -> bool:
+    """Whether recomputing the block's value where it is read costs about as little as a load:
+    no transcendental or square-root call and no division by anything but a constant (which
+    `fast_math` makes a multiplication)."""
+    found = []
+
+    def visit(e):
+        if isinstance(e, ir.Call) and isinstance(e.op, ir.Op) and e.op.name in KEPT_CALLS:
+            found.append(e)
+        elif isinstance(e, (tirx.Div, tirx.FloorDiv)) and not isinstance(
+                e.b, (tirx.IntImm, tirx.FloatImm)) and str(e.b.ty).startswith("float"):
+            found.append(e)
+
+    visit_exprs(block.body, visit)
+    return not found
+
+
+def _iterations(block: s_tir.SBlock) -> int:
+    """How many times the block's body runs (every iteration variable's extent multiplied)."""
+    count = 1
+    for iv in block.iter_vars:
+        count *= int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else 1 << 30
+    return count
+
+
+def inline_cheap_spatial(sch: s_tir.Schedule, func: tirx.PrimFunc) -> None:
+    """CPU: compute_inline the group's spatial intermediates that no GEMM-class block reads
+    and that are `_cheap`, or read by one block once per element (it runs no more often than
+    the producer). Kept, each is a tile buffer written and read back: NAFNet's channel
+    LayerNorm (the mean, x - mean, its square, the division by the deviation, the scaling by
+    gamma and beta) kept five 32 KiB tiles, beyond L1, for one operation each. Its square
+    root, one per position and read by every channel, stays computed once; a padded input
+    stays a tile, as a convolution reads each of its elements for many taps.
+    compute_inline rewrites each consumer to evaluate the producer's expression at the
+    indices it read, so every value is the same operations on the same operands as before."""
+    def keep(block: s_tir.SBlock) -> bool:
+        consumers = [sch.get(c) for c in sch.get_consumers(sch.get_sblock(block.name_hint))]
+        if any(is_gemm_like(c) for c in consumers):
+            return True
+        # An expensive value is inlined only where each element is read once, by one block.
+        return not _cheap(block) and (len(consumers) > 1 or any(
+            _iterations(c) > _iterations(block) for c in consumers))
+
+    inline_spatial(sch, func, keep)
 
 
 def _tile_output(sch, out_rv, out_buffer, tile):
