@@ -38,6 +38,7 @@ from .cost import TileConfig, intermediate_bytes, propagate_subgraph
 from .device import Device, device_for_target
 from .localize import LocalizeError
 from .rules import is_scheduled, scheduled_kernel
+from .rules.cpu.fast_math import rewrite_fast_math
 from .measure import (CheckResult, check_group, check_parts, time_alone, time_alone_all,
                       time_kernel)
 from .scheduler import (Candidate, GraphPlan, estimated_seconds, graph_connecting,
@@ -201,6 +202,11 @@ class KernelFactory:
                            sorted(sub.names), tuple(int(t) for t in config.tile),
                            type(err).__name__, err)
             return None, None
+        if self.device.kind == "cpu":
+            # As the CPU rules' kernels: vectorisable exp/erf/tanh/sigmoid (libm's are
+            # scalar calls, one per lane), divisions by constants and lane-invariant values
+            # as products (`fast_math`; the group check runs the kernel as rewritten).
+            func = rewrite_fast_math(func, self.target)[0]
         if self.device.kind == "cuda" and self.target is not None:
             problem = cuda_kernel_problem(func, self.target, self.device)
             if problem is not None:
