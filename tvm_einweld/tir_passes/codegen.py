@@ -2,7 +2,8 @@
 
 1. `group_prim_func` merges the nodes' PrimFuncs into one (stock `FuseTIR` over a Relax function
    marked Primitive that calls them in order); intermediates become root-allocated buffers.
-2. `schedule_group` tiles the output block by the planned output tile, computes every producer at
+2. `schedule_group` (on CPU after `inline_cheap_spatial` has recomputed cheap intermediates
+   where they are read) tiles the output block by the planned output tile, computes every producer at
    the tile loop (`compute_at` derives the regions itself; localize.py checks them against the
    plan's tile propagation), and maps the
    tile loop to the device: a parallel loop with vectorised inner loops on CPU, `blockIdx.x` with
@@ -109,7 +110,8 @@ def block_sub_tiles(graph: TileGraph, sub: SubGraph, func: tirx.PrimFunc, config
 def schedule_group(func: tirx.PrimFunc, tile, device: Device,
                    planned_bytes: int | None = None, sub_tiles: dict | None = None
                    ) -> tirx.PrimFunc:
-    """Tile `func`'s output by `tile`, compute producers at the tile loop, map to the device.
+    """Tile `func`'s output by `tile`, compute producers at the tile loop, map to the device
+    (on CPU, cheap intermediates inlined first: `inline_cheap_spatial`).
 
     `planned_bytes`: the model's bytes of all intermediate tiles of one tile; the generated
     kernel may not need more (see localize.py). `sub_tiles`: `block_sub_tiles`' map of the
@@ -120,13 +122,14 @@ def schedule_group(func: tirx.PrimFunc, tile, device: Device,
     out_buffer = func.params[-1]
     rvs = leaf_block_rvs(sch)
     if device.kind == "cpu":
-        # Sub-tiles follow their blocks by name through the inlining.
-        names = {sch.get(rv).name_hint: spec for index, rv in enumerate(rvs)
-                 for spec in [(sub_tiles or {}).get(index)] if spec is not None}
+        # Sub-tiles follow their blocks by name through the inlining (an inlined block's
+        # goes with it).
+        by_name = {sch.get(rvs[index]).name_hint: spec
+                   for index, spec in (sub_tiles or {}).items() if index < len(rvs)}
         inline_cheap_spatial(sch, func)
         rvs = leaf_block_rvs(sch)
-        sub_tiles = {index: names[sch.get(rv).name_hint] for index, rv in enumerate(rvs)
-                     if sch.get(rv).name_hint in names}
+        sub_tiles = {index: by_name[sch.get(rv).name_hint] for index, rv in enumerate(rvs)
+                     if sch.get(rv).name_hint in by_name}
     sub_tiles = sub_tiles or {}
     writers = [rv for rv in rvs if _writes_output(sch.get(rv), out_buffer)]
     if len(writers) != 1 or not writers[0].same_as(rvs[-1]):
