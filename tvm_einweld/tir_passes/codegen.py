@@ -3,11 +3,11 @@
 1. `group_prim_func` merges the nodes' PrimFuncs into one (stock `FuseTIR` over a Relax function
    marked Primitive that calls them in order); intermediates become root-allocated buffers.
 2. `schedule_group` (on CPU after `inline_cheap_spatial` has recomputed cheap intermediates
-   where they are read) tiles the output block by the planned output tile, computes every producer at
-   the tile loop (`compute_at` derives the regions itself; localize.py checks them against the
-   plan's tile propagation), and maps the
-   tile loop to the device: a parallel loop with vectorised inner loops on CPU, `blockIdx.x` with
-   `threadIdx.x` inner loops on CUDA.
+   where they are read) tiles the output block by the planned output tile, computes every
+   producer at the tile loop (`compute_at` derives the regions itself; localize.py checks
+   them against the plan's tile propagation), and maps the tile loop to the device: a
+   parallel loop with vectorised inner loops on CPU, `blockIdx.x` with `threadIdx.x` inner
+   loops on CUDA.
    The scheduler's upper-level sub-tiles (one per node, see scheduler.py) shape the loops under
    the tile loop of the block that writes each node's output (`block_sub_tiles`): its spatial loops
    are split by the sub-tile, sub-tile loops outside, the sub-tile's own loops and reductions
