@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 
 import tvm
-from tvm import ir, relax, s_tir, tirx
+from tvm import relax, s_tir, tirx
 
 from .cost import TileConfig, propagate_subgraph
 from .device import Device, shared_limits
@@ -40,7 +40,7 @@ from .propagate import leaf_block_rvs, leaf_blocks
 from .rules.cpu.gemm import get_sblock_realize
 from .rules.cpu.fast_math import visit_exprs
 from .rules.cpu.injective import inline_spatial, is_gemm_like, loop_extent
-from .rules.cpu.reduction import EXPENSIVE_CALLS
+from .rules.cpu.reduction import EXPENSIVE_CALLS, _calls_expensive
 from .tile_graph import SubGraph, TileGraph
 
 
@@ -174,17 +174,11 @@ def _cheap(block: s_tir.SBlock) -> bool:
     """Whether recomputing the block's value where it is read costs about as little as a load:
     no transcendental or square-root call and no division by anything but a constant (which
     `fast_math` makes a multiplication)."""
-    found = []
-
-    def visit(e):
-        if isinstance(e, ir.Call) and isinstance(e.op, ir.Op) and e.op.name in KEPT_CALLS:
-            found.append(e)
-        elif isinstance(e, (tirx.Div, tirx.FloorDiv)) and not isinstance(
-                e.b, (tirx.IntImm, tirx.FloatImm)) and str(e.b.ty).startswith("float"):
-            found.append(e)
-
-    visit_exprs(block.body, visit)
-    return not found
+    divisions = []
+    visit_exprs(block.body, lambda e: divisions.append(e) if isinstance(
+        e, (tirx.Div, tirx.FloorDiv)) and not isinstance(e.b, (tirx.IntImm, tirx.FloatImm))
+        and str(e.b.ty).startswith("float") else None)
+    return not divisions and not _calls_expensive(block, KEPT_CALLS)
 
 
 def _iterations(block: s_tir.SBlock) -> int:

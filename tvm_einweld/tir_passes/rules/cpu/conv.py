@@ -417,8 +417,9 @@ def core_copy(caches: gemm.CacheSizes | None, whole: int, part: int | None,
     block holds channels in its lanes), and each core copies those rows; else WHOLE: each
     core copies the whole input (`whole` bytes). Either only where that copy and the weights
     fit half of L2 (Emerald Rapids, 2 cores, one process, alternating: 128 -> 21 at 28x28,
-    49 vectors of positions, WHOLE copies of 602 KiB: 258-263 -> 213-217 us; 21 -> 21 at 28x28 60 -> 41 us; 64 -> 21 at 56x56, a
-    0.96 MiB copy, PART: 440-457 -> 414-418 us, where WHOLE had measured no gain)."""
+    49 vectors of positions, WHOLE copies of 602 KiB: 258-263 -> 213-217 us; 21 -> 21 at
+    28x28 60 -> 41 us; 64 -> 21 at 56x56, a 0.96 MiB copy, PART: 440-457 -> 414-418 us,
+    where WHOLE had measured no gain)."""
     if caches is None:
         return None
     for mode, size in ((PART, part), (WHOLE, whole)):

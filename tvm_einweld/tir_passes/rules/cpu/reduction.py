@@ -59,10 +59,11 @@ EXPENSIVE_CALLS = frozenset({"tirx.exp", "tirx.erf", "tirx.tanh", "tirx.sigmoid"
                              "tirx.pow", "tirx.exp2", "tirx.log2"})
 
 
-def _calls_expensive(block: s_tir.SBlock) -> bool:
+def _calls_expensive(block: s_tir.SBlock, calls: frozenset = EXPENSIVE_CALLS) -> bool:
+    """Whether the block's body calls one of `calls`."""
     found = []
     visit_exprs(block.body, lambda e: found.append(e) if isinstance(e, ir.Call) and isinstance(
-        e.op, ir.Op) and e.op.name in EXPENSIVE_CALLS else None)
+        e.op, ir.Op) and e.op.name in calls else None)
     return bool(found)
 
 
